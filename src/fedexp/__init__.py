@@ -1,0 +1,3 @@
+"""fedexp: a federated-learning experiment runner."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,128 @@
+"""`python -m fedexp [overrides]`: compose the config with Hydra, run, print the final table."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from fedexp.core.types import ConfigError
+
+
+def find_conf() -> str:
+    """conf/ ships inside the wheel (fedexp/conf) and sits at the repo root in a checkout."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "conf", here.parents[1] / "conf"):
+        if (candidate / "config.yaml").exists():
+            return str(candidate)
+    raise FileNotFoundError("fedexp: conf/config.yaml not found next to the package")
+
+
+EXIT_CONFIG, EXIT_DIVERGED = 2, 3
+TABLE_KEYS = (
+    "eval/global/acc",
+    "eval/global/client_acc_mean",
+    "eval/personal/acc_mean",
+    "eval/personal/acc_std",
+    "eval/personal/acc_min",
+    "eval/personal/acc_max",
+    "eval/group/gap",
+    "privacy/mia_acc",
+    "train/loss",
+    "comm/up_bits_total",
+    "comm/down_bits_total",
+)
+
+
+def print_table(summary: dict, choices: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    title = (
+        f"{choices.get('algorithm', '?')} on {choices.get('dataset', '?')} — {summary['status']}"
+    )
+    table = Table(title=title)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    metrics = summary["metrics"]
+    for key in TABLE_KEYS:
+        if key in metrics and metrics[key] is not None:
+            v = metrics[key]
+            table.add_row(key, f"{v:.4f}" if isinstance(v, float) else f"{v:,}")
+    table.add_row("rounds", str(summary["rounds_completed"]))
+    table.add_row("wall time (s)", f"{summary['timing']['wall_time_s']:.1f}")
+    Console().print(table)
+
+
+def _progress(total: int):
+    """A per-round progress line when a person is watching; nothing under tests or pipes."""
+    if not sys.stdout.isatty():
+        return None, None
+    from rich.progress import Progress
+
+    bar = Progress(transient=True)
+    task = bar.add_task("rounds", total=total)
+
+    def on_round(t: int, metrics: dict) -> None:
+        acc = metrics.get("eval/global/acc", metrics.get("eval/personal/acc_mean"))
+        desc = f"round {t}" + (f"  acc {acc:.3f}" if acc is not None else "")
+        bar.update(task, completed=t, description=desc)
+
+    return bar, on_round
+
+
+@hydra.main(version_base="1.3", config_path=find_conf(), config_name="config")
+def app(cfg: DictConfig) -> float | None:
+    from fedexp.run import Experiment
+
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
+    choices = {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra")}
+    multirun = hc.mode == RunMode.MULTIRUN
+    try:
+        experiment = Experiment(cfg, run_dir)
+    except ConfigError as err:
+        print(f"fedexp: error: {err}", file=sys.stderr)
+        logging.shutdown()
+        if not multirun:
+            shutil.rmtree(run_dir, ignore_errors=True)  # nothing half-written
+        sys.exit(EXIT_CONFIG)
+    loggers = [instantiate_logger(c, run_dir) for c in (cfg.logger or {}).values()]
+    name = f"{choices.get('algorithm')}-{choices.get('dataset')}-s{cfg.seed}"
+    group = Path(hc.sweep.dir).name if multirun else None
+    for logger in loggers:
+        logger.start(OmegaConf.to_container(cfg, resolve=True), name, group)
+    bar, on_round = _progress(cfg.rounds) if cfg.progress else (None, None)
+    if bar is not None:
+        with bar:
+            summary = experiment.run(loggers, on_round, choices)
+    else:
+        summary = experiment.run(loggers, None, choices)
+    print_table(summary, choices)
+    print(f"run dir: {run_dir}")
+    if summary["status"] == "diverged":
+        print(f"fedexp: run diverged at round {summary['diverged_round']}", file=sys.stderr)
+        if not multirun:
+            sys.exit(EXIT_DIVERGED)
+        return None
+    return summary["metrics"].get(cfg.get("objective", "eval/global/acc"))
+
+
+def instantiate_logger(node, run_dir: Path):
+    from fedexp.core.config import build
+
+    return build(node, run_dir=run_dir)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

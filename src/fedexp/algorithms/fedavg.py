@@ -1,0 +1,99 @@
+"""FedAvg (McMahan et al., 2017), the base of every weight-averaging algorithm here.
+
+Clients upload their delta w_k - w; the server applies w <- w + server_lr * v, with
+v <- server_momentum * v + agg(deltas). With server_lr = 1 and no momentum this is
+w <- sum_k (n_k / n) w_k. The aggregator is injected (mean, or a robust one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import nn
+
+from fedexp.core.algorithm import Algorithm, BuildContext, flat_params, load_flat
+from fedexp.core.client import ClientModule
+from fedexp.core.seeding import INIT, derive_seed
+from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext, ServerState, Weights
+
+
+class FedAvg(Algorithm):
+    """Federated averaging over the `shared` parameters (all of them here)."""
+
+    def __init__(
+        self,
+        ctx: BuildContext,
+        weighting: str = "samples",
+        server_lr: float = 1.0,
+        server_momentum: float = 0.0,
+    ):
+        super().__init__(ctx)
+        if weighting not in ("samples", "uniform"):
+            raise ConfigError(f"algorithm.weighting: must be samples or uniform, got {weighting!r}")
+        if server_lr <= 0:
+            raise ConfigError(f"algorithm.server_lr: must be > 0, got {server_lr}")
+        self.weighting = weighting
+        self.server_lr = server_lr
+        self.server_momentum = server_momentum
+        self.module = self.make_module(ctx.model_factory().to(self.device))
+        self.eval_model = ctx.model_factory().to(self.device)
+
+    # ---- what is shared ------------------------------------------------------------------------
+    def make_module(self, model: nn.Module) -> ClientModule:
+        return ClientModule(model, self.ctx.client_cfg)
+
+    def shared(self, model: nn.Module) -> list[nn.Parameter]:
+        """The parameters that travel and are averaged."""
+        return list(model.parameters())
+
+    # ---- server --------------------------------------------------------------------------------
+    def init_state(self) -> ServerState:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(self.ctx.seed, INIT))
+            model = self.ctx.model_factory().to(self.device)
+        load_flat(list(self.module.model.parameters()), flat_params(list(model.parameters())))
+        load_flat(list(self.eval_model.parameters()), flat_params(list(model.parameters())))
+        return ServerState(params=flat_params(self.shared(model)))
+
+    def configure_round(self, state: ServerState, ctx: RoundContext) -> Mapping[int, Message]:
+        payload = Weights(state.params)
+        return {cid: payload for cid in ctx.client_ids}
+
+    def client_weights(self, results: Sequence[ClientResult]) -> torch.Tensor:
+        if self.weighting == "uniform":
+            return torch.ones(len(results), device=self.device)
+        return torch.tensor([float(r.num_samples) for r in results], device=self.device)
+
+    def aggregate(
+        self, state: ServerState, results: Sequence[ClientResult], ctx: RoundContext
+    ) -> tuple[ServerState, dict[str, float]]:
+        updates = torch.stack([r.upload.values for r in results])
+        step = self.ctx.aggregator(updates, self.client_weights(results))
+        if self.server_momentum:
+            buf = state.buffers.get("momentum")
+            step = step if buf is None else self.server_momentum * buf + step
+            state.buffers["momentum"] = step
+        return ServerState(state.params + self.server_lr * step, state.buffers), {}
+
+    # ---- client --------------------------------------------------------------------------------
+    def client_module(self, client_id: int) -> ClientModule:
+        return self.module
+
+    def client_begin(self, module: ClientModule, client_id: int, payload: Message) -> None:
+        load_flat(self.shared(module.model), payload.values)
+
+    def client_end(self, module: ClientModule, client_id: int, payload: Message) -> Message:
+        return Weights(flat_params(self.shared(module.model)) - payload.values)
+
+    # ---- evaluation ----------------------------------------------------------------------------
+    def global_model(self, state: ServerState) -> nn.Module | None:
+        load_flat(self.shared(self.eval_model), state.params)
+        return self.eval_model
+
+    def describe(self) -> dict[str, float]:
+        total = sum(p.numel() for p in self.eval_model.parameters())
+        return {
+            "params/total": total,
+            "params/uploaded_per_client": len(flat_params(self.shared(self.eval_model))),
+        }

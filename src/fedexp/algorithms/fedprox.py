@@ -1,0 +1,39 @@
+"""FedProx (Li et al., 2020): FedAvg whose local loss adds (mu/2) * ||w - w_global||^2."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fedexp.algorithms.fedavg import FedAvg
+from fedexp.core.algorithm import BuildContext
+from fedexp.core.client import ClientModule
+from fedexp.core.types import ConfigError, Message
+
+
+class ProxModule(ClientModule):
+    """Task loss plus the proximal term towards the round's global weights."""
+
+    def __init__(self, model: nn.Module, client_cfg, mu: float):
+        super().__init__(model, client_cfg)
+        self.mu = mu
+        self.anchor: list[torch.Tensor] = []
+
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+        prox = sum(((p - a) ** 2).sum() for p, a in zip(self.model.parameters(), self.anchor))
+        return self.task_loss(batch) + 0.5 * self.mu * prox
+
+
+class FedProx(FedAvg):
+    def __init__(self, ctx: BuildContext, mu: float = 0.01, **kwargs):
+        if mu < 0:
+            raise ConfigError(f"algorithm.mu: must be >= 0, got {mu}")
+        self.mu = mu
+        super().__init__(ctx, **kwargs)
+
+    def make_module(self, model: nn.Module) -> ClientModule:
+        return ProxModule(model, self.ctx.client_cfg, self.mu)
+
+    def client_begin(self, module: ProxModule, client_id: int, payload: Message) -> None:
+        super().client_begin(module, client_id, payload)
+        module.anchor = [p.detach().clone() for p in module.model.parameters()]

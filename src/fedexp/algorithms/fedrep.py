@@ -1,0 +1,68 @@
+"""FedRep (Collins et al., 2021): shared body, personal heads.
+
+Each round a client trains its own head for `head_epochs` with the body frozen, then the body for
+`body_epochs` with the head frozen. Only the body travels; heads live in the client store. A client
+never sampled uses the initial head. There is no global model (no global head), so only personal
+metrics are reported.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from fedexp.algorithms.fedavg import FedAvg
+from fedexp.core.algorithm import BuildContext, flat_params, load_flat
+from fedexp.core.client import ClientModule, Phase
+from fedexp.core.types import ConfigError, Message, ServerState
+
+
+class RepModule(ClientModule):
+    def __init__(self, model: nn.Module, client_cfg, head_epochs: int, body_epochs: int):
+        super().__init__(model, client_cfg)
+        self.head_epochs = head_epochs
+        self.body_epochs = body_epochs
+
+    def phases(self) -> list[Phase]:
+        return [
+            Phase("head", self.head_epochs, tuple(self.model.head.parameters())),
+            Phase("body", self.body_epochs, tuple(self.model.body.parameters())),
+        ]
+
+
+class FedRep(FedAvg):
+    def __init__(self, ctx: BuildContext, head_epochs: int = 10, body_epochs: int = 1, **kwargs):
+        if head_epochs < 0 or body_epochs < 0 or head_epochs + body_epochs == 0:
+            raise ConfigError("algorithm.head_epochs/body_epochs: must be >= 0, not both 0")
+        self.head_epochs, self.body_epochs = head_epochs, body_epochs
+        super().__init__(ctx, **kwargs)
+
+    def make_module(self, model: nn.Module) -> ClientModule:
+        return RepModule(model, self.ctx.client_cfg, self.head_epochs, self.body_epochs)
+
+    def shared(self, model: nn.Module) -> list[nn.Parameter]:
+        return list(model.body.parameters())
+
+    def init_state(self) -> ServerState:
+        state = super().init_state()
+        state.buffers["initial_head"] = flat_params(list(self.eval_model.head.parameters()))
+        self._initial_head = state.buffers["initial_head"]
+        return state
+
+    def _head(self, client_id: int):
+        return self.store.get(client_id, self._initial_head)
+
+    def client_begin(self, module: ClientModule, client_id: int, payload: Message) -> None:
+        super().client_begin(module, client_id, payload)
+        load_flat(list(module.model.head.parameters()), self._head(client_id))
+
+    def client_end(self, module: ClientModule, client_id: int, payload: Message) -> Message:
+        self.store.put(client_id, flat_params(list(module.model.head.parameters())))
+        return super().client_end(module, client_id, payload)
+
+    def global_model(self, state: ServerState) -> nn.Module | None:
+        return None
+
+    def personal_model(self, state: ServerState, client_id: int) -> nn.Module | None:
+        load_flat(self.shared(self.eval_model), state.params)
+        load_flat(list(self.eval_model.head.parameters()), self._head(client_id))
+        return self.eval_model

@@ -1,0 +1,77 @@
+"""Evaluation over all clients: the global model (pooled test set and each client's local test
+split) and each client's personal model on its local test split."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedexp.core.algorithm import Algorithm
+from fedexp.core.types import ServerState
+
+EVAL_BATCH = 4096
+
+
+@torch.no_grad()
+def correct_counts(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per-sample correctness (bool tensor) of `model` on (x, y)."""
+    model.eval()
+    out = [
+        model(x[i : i + EVAL_BATCH]).argmax(1) == y[i : i + EVAL_BATCH]
+        for i in range(0, len(y), EVAL_BATCH)
+    ]
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.bool, device=y.device)
+
+
+def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    hits = correct_counts(model, x, y)
+    return float(hits.float().mean()) if len(hits) else float("nan")
+
+
+def distribution(prefix: str, accs: np.ndarray) -> dict[str, float]:
+    """mean/std/min/p10/max of per-client accuracies under `prefix`."""
+    return {
+        f"{prefix}/acc_mean": float(accs.mean()),
+        f"{prefix}/acc_std": float(accs.std()),
+        f"{prefix}/acc_min": float(accs.min()),
+        f"{prefix}/acc_p10": float(np.percentile(accs, 10)),
+        f"{prefix}/acc_max": float(accs.max()),
+    }
+
+
+def group_metrics(accs: np.ndarray, groups: list[str]) -> dict[str, float]:
+    """Per-group mean accuracy and the gap between the best and the worst group."""
+    names = sorted(set(groups))
+    labels = np.array(groups)
+    means = {g: float(accs[labels == g].mean()) for g in names}
+    out = {f"eval/group/{g}/acc_mean": m for g, m in means.items()}
+    out["eval/group/gap"] = max(means.values()) - min(means.values())
+    return out
+
+
+def evaluate(algorithm: Algorithm, state: ServerState, data) -> tuple[dict, dict]:
+    """Returns (scalar metrics, per-client accuracy lists)."""
+    metrics: dict[str, float] = {}
+    per_client: dict[str, list[float]] = {}
+    clients = range(data.num_clients)
+    model = algorithm.global_model(state)
+    if model is not None:
+        metrics["eval/global/acc"] = accuracy(model, data.test_x, data.test_y)
+        accs = np.array([accuracy(model, *data.test(c)) for c in clients])
+        metrics["eval/global/client_acc_mean"] = float(accs.mean())
+        per_client["global"] = accs.tolist()
+    personal = []
+    for c in clients:
+        m = algorithm.personal_model(state, c)
+        if m is None:
+            break
+        personal.append(accuracy(m, *data.test(c)))
+    if personal:
+        accs = np.array(personal)
+        metrics.update(distribution("eval/personal", accs))
+        per_client["personal"] = accs.tolist()
+    if data.groups is not None and per_client:
+        accs = np.array(per_client.get("personal", per_client.get("global")))
+        metrics.update(group_metrics(accs, data.groups))
+    return metrics, per_client

@@ -1,0 +1,66 @@
+"""Executors: run local training for a round's cohort. The plain loop is the hot path."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from fedexp.core.algorithm import Algorithm
+from fedexp.core.client import ClientModule
+from fedexp.core.seeding import CLIENT, client_generator, derive_seed
+from fedexp.core.types import ClientResult, Message, RoundContext
+
+
+def train_local(
+    module: ClientModule,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batch_size: int,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, int]:
+    """Drive the module's `training_step` over its phases; returns (mean loss tensor, steps).
+
+    The mean loss stays a tensor so a round costs one host sync, not one per client.
+    """
+    module.train()
+    n = len(y)
+    total = torch.zeros((), device=x.device)
+    steps = 0
+    for phase in module.phases():
+        module.start_phase(phase)
+        optimizer = module.configure_optimizers()
+        for _epoch in range(phase.epochs):
+            order = torch.randperm(n, generator=generator).to(x.device)
+            for start in range(0, n, batch_size):
+                idx = order[start : start + batch_size]
+                loss = module.training_step((x[idx], y[idx]), steps)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                total += loss.detach()
+                steps += 1
+    return total / max(steps, 1), steps
+
+
+class SequentialExecutor:
+    """One client after another on one resident model per architecture."""
+
+    def __init__(self, batch_size: int):
+        self.batch_size = batch_size
+
+    def run(
+        self, algorithm: Algorithm, payloads: Mapping[int, Message], ctx: RoundContext, data
+    ) -> list[ClientResult]:
+        results = []
+        for cid in ctx.client_ids:
+            # any use of the global RNG (dropout, sampling) is also a function of (seed, round, id)
+            torch.manual_seed(derive_seed(ctx.seed, CLIENT, ctx.round, cid, 1))
+            module = algorithm.client_module(cid)
+            module.generator = client_generator(ctx.seed, ctx.round, cid)
+            algorithm.client_begin(module, cid, payloads[cid])
+            x, y = data.train(cid)
+            loss, steps = train_local(module, x, y, self.batch_size, module.generator)
+            upload = algorithm.client_end(module, cid, payloads[cid])
+            results.append(ClientResult(cid, len(y), upload, loss, steps))
+        return results

@@ -1,0 +1,102 @@
+"""THE round loop. It never names an algorithm: it samples, moves messages, and measures."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from fedexp.core.algorithm import Algorithm
+from fedexp.core.evaluation import evaluate
+from fedexp.core.seeding import sample_clients
+from fedexp.core.types import Diverged, RoundContext, ServerState
+
+
+class Orchestrator:
+    """Drives `rounds` rounds of configure -> local training -> attack -> aggregate -> evaluate."""
+
+    def __init__(
+        self,
+        algorithm: Algorithm,
+        executor,
+        data,
+        attack,
+        *,
+        seed: int,
+        rounds: int,
+        clients_per_round: int,
+        eval_every: int,
+        loggers: Sequence = (),
+        on_round: Callable[[int, dict], None] | None = None,
+        callbacks: Sequence = (),
+    ):
+        self.algorithm = algorithm
+        self.executor = executor
+        self.data = data
+        self.attack = attack
+        self.seed = seed
+        self.rounds = rounds
+        self.clients_per_round = clients_per_round
+        self.eval_every = eval_every
+        self.loggers = list(loggers)
+        self.on_round = on_round
+        self.callbacks = list(callbacks)
+        self.train_data = attack.wrap_data(data)
+        self.totals = {"comm/up_bits_total": 0, "comm/down_bits_total": 0}
+        self.last_eval: dict = {}
+        self.client_accs: dict = {}
+        self.state: ServerState | None = None
+        self.round = 0
+
+    def run_round(self, state: ServerState, t: int) -> tuple[ServerState, dict]:
+        start = time.perf_counter()
+        ids = sample_clients(self.seed, t, self.data.num_clients, self.clients_per_round)
+        ctx = RoundContext(t, ids, self.seed)
+        payloads = self.algorithm.configure_round(state, ctx)
+        results = self.executor.run(self.algorithm, payloads, ctx, self.train_data)
+        results = self.attack.apply(results, ctx)
+        losses = torch.stack([torch.as_tensor(r.train_loss) for r in results])
+        train_loss = float(losses.mean())
+        if not math.isfinite(train_loss):
+            raise Diverged(t, "non-finite training loss")
+        state, metrics = self.algorithm.aggregate(state, results, ctx)
+        if not self.algorithm.state_is_finite(state):
+            raise Diverged(t, "non-finite global model")
+        up = sum(r.upload.num_bits() for r in results)
+        down = sum(payloads[c].num_bits() for c in ids)
+        self.totals["comm/up_bits_total"] += up
+        self.totals["comm/down_bits_total"] += down
+        elapsed = time.perf_counter() - start
+        steps = sum(r.num_steps for r in results)
+        metrics = {
+            "round": t,
+            "train/loss": train_loss,
+            **metrics,
+            "comm/up_bits": up,
+            "comm/down_bits": down,
+            **self.totals,
+            "time/round_s": elapsed,
+            "time/client_steps_per_s": steps / elapsed if elapsed > 0 else 0.0,
+        }
+        return state, metrics
+
+    def run(self, state: ServerState | None = None, start_round: int = 1) -> dict:
+        """Run to the last round; returns the metrics of the last evaluated round."""
+        state = self.algorithm.init_state() if state is None else state
+        self.state = state
+        for t in range(start_round, self.rounds + 1):
+            state, metrics = self.run_round(state, t)
+            self.state, self.round = state, t
+            if t % self.eval_every == 0 or t == self.rounds:
+                scalars, self.client_accs = evaluate(self.algorithm, state, self.data)
+                metrics.update(scalars)
+                for callback in self.callbacks:
+                    metrics.update(callback.on_evaluate(self, state, t) or {})
+                self.last_eval = metrics
+                for logger in self.loggers:
+                    logger.log_metrics(metrics, step=t)
+            if self.on_round is not None:
+                self.on_round(t, metrics)
+        return self.last_eval

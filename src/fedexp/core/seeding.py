@@ -1,0 +1,24 @@
+"""Seeds derived from (run seed, round, client id): results never depend on execution order."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+SAMPLING, CLIENT, INIT = 1, 2, 3
+
+
+def derive_seed(*keys: int) -> int:
+    """A 63-bit seed from a tuple of non-negative integers."""
+    return int(np.random.SeedSequence([int(k) for k in keys]).generate_state(2, np.uint64)[0] >> 1)
+
+
+def sample_clients(seed: int, round_idx: int, num_clients: int, per_round: int) -> tuple[int, ...]:
+    """The round's cohort, a function of (seed, round) alone, in ascending id order."""
+    rng = np.random.default_rng(derive_seed(seed, SAMPLING, round_idx))
+    return tuple(int(c) for c in np.sort(rng.choice(num_clients, per_round, replace=False)))
+
+
+def client_generator(seed: int, round_idx: int, client_id: int) -> torch.Generator:
+    """The client's own stream for shuffling and sampling in this round."""
+    return torch.Generator().manual_seed(derive_seed(seed, CLIENT, round_idx, client_id))

@@ -1,0 +1,76 @@
+"""Typed messages that cross the client/server boundary, and the round context."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+FLOAT_BITS = 32
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message is one line naming the key."""
+
+
+class Diverged(RuntimeError):
+    """A non-finite loss or model; the run stops cleanly."""
+
+    def __init__(self, round_idx: int, what: str):
+        super().__init__(f"diverged at round {round_idx}: {what}")
+        self.round_idx = round_idx
+
+
+@dataclass(frozen=True)
+class RoundContext:
+    """What every component knows about the current round."""
+
+    round: int
+    client_ids: tuple[int, ...]
+    seed: int
+
+
+class Message:
+    """A payload or an upload. Subclasses say how many bits they cost on the wire."""
+
+    def num_bits(self) -> int:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Weights(Message):
+    """Dense float tensor (a flat parameter vector or a delta)."""
+
+    values: torch.Tensor
+
+    def num_bits(self) -> int:
+        return self.values.numel() * FLOAT_BITS
+
+
+@dataclass(frozen=True)
+class Nothing(Message):
+    """An empty message (e.g. nothing sent down to a client that keeps its own model)."""
+
+    def num_bits(self) -> int:
+        return 0
+
+
+@dataclass(frozen=True)
+class ClientResult:
+    """What one client returns at the end of its local training."""
+
+    client_id: int
+    num_samples: int
+    upload: Message
+    train_loss: float
+    num_steps: int
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class ServerState:
+    """Server-side state; `params` is the global flat vector where the algorithm has one."""
+
+    params: torch.Tensor | None = None
+    buffers: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,215 @@
+"""Partitions: split a labelled training pool into client index sets.
+
+Each scheme is a pure function of (labels, num_clients, rng, params) returning one index array per
+client. `partition_dataset` adds the per-client local train/test split and caches the result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fedexp.core.types import ConfigError
+
+
+@dataclass
+class Partition:
+    """Per-client index arrays into the dataset's training pool."""
+
+    train: list[np.ndarray]
+    test: list[np.ndarray]
+    groups: list[str] | None = None
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.train)
+
+
+def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator, **_) -> list[np.ndarray]:
+    """Uniformly shuffled, near-equal split."""
+    return [np.sort(p) for p in np.array_split(rng.permutation(len(labels)), num_clients)]
+
+
+def shards(
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    classes_per_client: int = 2,
+    num_classes: int | None = None,
+    **_,
+) -> list[np.ndarray]:
+    """McMahan et al.'s pathological non-iid split, label-exact.
+
+    The num_clients * Z shards are laid over a random class order so that every client gets Z
+    *distinct* classes and every class is cut into (nearly) equal shards; each sample is used at
+    most once. (Cutting the label-sorted pool blindly, as the original does, can give a client a
+    shard straddling two classes or two shards of one class.)
+    """
+    z = classes_per_client
+    classes = np.unique(labels) if num_classes is None else np.arange(num_classes)
+    if z > len(classes):
+        raise ConfigError(
+            f"partition.classes_per_client: {z} exceeds the dataset's {len(classes)} classes"
+        )
+    order = rng.permutation(classes)
+    client_order = rng.permutation(num_clients)
+    slots: dict[int, list[int]] = {int(c): [] for c in classes}
+    for pos, client in enumerate(client_order):
+        for j in range(z):
+            slots[int(order[(pos * z + j) % len(classes)])].append(int(client))
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for cls, owners in slots.items():
+        if not owners:
+            continue
+        members = rng.permutation(np.flatnonzero(labels == cls))
+        if len(members) < len(owners):
+            raise ConfigError(
+                f"partition.classes_per_client: class {cls} has {len(members)} samples for "
+                f"{len(owners)} shards; use fewer clients or classes per client"
+            )
+        for owner, shard in zip(owners, np.array_split(members, len(owners))):
+            parts[owner].append(shard)
+    return [np.sort(np.concatenate(p)) for p in parts]
+
+
+def dirichlet(
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    beta: float = 0.5,
+    min_size: int = 10,
+    max_retries: int = 100,
+    **_,
+) -> list[np.ndarray]:
+    """Per class, client shares ~ Dir(beta); redrawn until every client has min_size samples."""
+    if beta <= 0:
+        raise ConfigError(f"partition.beta: must be > 0, got {beta}")
+    classes = np.unique(labels)
+    for _attempt in range(max_retries):
+        parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+        for cls in classes:
+            members = rng.permutation(np.flatnonzero(labels == cls))
+            props = rng.dirichlet(np.full(num_clients, beta))
+            cuts = (np.cumsum(props)[:-1] * len(members)).astype(int)
+            for client, chunk in enumerate(np.split(members, cuts)):
+                parts[client].append(chunk)
+        out = [np.sort(np.concatenate(p)) for p in parts]
+        if min(len(p) for p in out) >= min_size:
+            return out
+    raise ConfigError(
+        f"partition.min_size: no Dirichlet(beta={beta}) draw gave every one of {num_clients} "
+        f"clients {min_size} samples in {max_retries} tries; lower min_size or num_clients"
+    )
+
+
+def natural(
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    client_ids: np.ndarray | None = None,
+    **_,
+) -> list[np.ndarray]:
+    """One client per natural owner (writer, user, generating client), in owner order."""
+    if client_ids is None:
+        raise ConfigError("partition: natural split needs a dataset with client ids")
+    owners = np.unique(client_ids)
+    if num_clients != len(owners):
+        raise ConfigError(
+            f"num_clients: the natural split has {len(owners)} clients, got {num_clients}"
+        )
+    return [np.flatnonzero(client_ids == o) for o in owners]
+
+
+SCHEMES: dict[str, Callable[..., list[np.ndarray]]] = {
+    "iid": iid,
+    "shards": shards,
+    "dirichlet": dirichlet,
+    "natural": natural,
+}
+
+
+def local_split(
+    parts: list[np.ndarray], test_fraction: float, rng: np.random.Generator
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Split each client's indices into local train/test (at least one test sample if any)."""
+    train, test = [], []
+    for p in parts:
+        perm = rng.permutation(p)
+        n_test = int(round(test_fraction * len(p)))
+        if test_fraction > 0 and len(p) >= 2:
+            n_test = max(1, n_test)
+        test.append(np.sort(perm[:n_test]))
+        train.append(np.sort(perm[n_test:]))
+    return train, test
+
+
+def partition_dataset(
+    labels: np.ndarray,
+    num_clients: int,
+    scheme: str,
+    seed: int,
+    params: dict,
+    client_ids: np.ndarray | None = None,
+    test_fraction: float = 0.2,
+    cache_dir: str | Path | None = None,
+    cache_key: dict | None = None,
+) -> Partition:
+    """Partition the training pool and split each client locally; cached under cache_dir."""
+    if scheme not in SCHEMES:
+        raise ConfigError(f"partition.name: unknown scheme {scheme!r}; one of {sorted(SCHEMES)}")
+    key = dict(
+        cache_key or {},
+        scheme=scheme,
+        params=params,
+        num_clients=num_clients,
+        seed=seed,
+        test_fraction=test_fraction,
+        n=len(labels),
+    )
+    path = None
+    if cache_dir is not None:
+        digest = hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
+        path = Path(cache_dir).expanduser() / "partitions" / f"{digest[:20]}.npz"
+        if path.exists():
+            return _load(path)
+    rng = np.random.default_rng([seed, 4242])
+    parts = SCHEMES[scheme](labels, num_clients, rng, client_ids=client_ids, **params)
+    train, test = local_split(parts, test_fraction, rng)
+    if min(len(t) for t in train) == 0:
+        raise ConfigError(f"num_clients: {num_clients} clients leave some with no training data")
+    partition = Partition(train, test)
+    if path is not None:
+        _save(path, partition)
+    return partition
+
+
+def _pack(arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    return np.concatenate(arrays).astype(np.int64), np.cumsum([0] + [len(a) for a in arrays])
+
+
+def _save(path: Path, partition: Partition) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tr, tr_off = _pack(partition.train)
+    te, te_off = _pack(partition.test)
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, train=tr, train_off=tr_off, test=te, test_off=te_off)
+    tmp.replace(path)
+
+
+def _load(path: Path) -> Partition:
+    z = np.load(path)
+
+    def unpack(v, off):
+        return [v[off[i] : off[i + 1]] for i in range(len(off) - 1)]
+
+    return Partition(unpack(z["train"], z["train_off"]), unpack(z["test"], z["test_off"]))
+
+
+def class_counts(labels: np.ndarray, partition: Partition, num_classes: int) -> np.ndarray:
+    """(num_clients, num_classes) training-sample counts."""
+    return np.stack([np.bincount(labels[idx], minlength=num_classes) for idx in partition.train])

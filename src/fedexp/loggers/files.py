@@ -1,0 +1,65 @@
+"""File loggers: metrics.jsonl + summary.json always; metrics.csv with `logger=csv`."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write JSON via a temp file + rename, so a reader never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str))
+    os.replace(tmp, path)
+
+
+class RunRecorder:
+    """metrics.jsonl (one line per evaluated round) and summary.json."""
+
+    def __init__(self, run_dir: str | Path):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / "metrics.jsonl"
+
+    def log_metrics(self, metrics: dict, step: int) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps({k: _clean(v) for k, v in metrics.items()}) + "\n")
+
+    def write_summary(self, summary: dict) -> None:
+        write_json_atomic(self.run_dir / "summary.json", summary)
+
+
+class CSVLogger:
+    """metrics.csv: one row per evaluated round; columns are fixed by the first row."""
+
+    def __init__(self, run_dir: str | Path):
+        self.path = Path(run_dir) / "metrics.csv"
+        self.fields: list[str] | None = None
+
+    def start(self, config: dict, run_name: str, group: str | None) -> None:
+        pass
+
+    def log_metrics(self, metrics: dict, step: int) -> None:
+        new = self.fields is None
+        if new:
+            self.fields = list(metrics)
+        with self.path.open("a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=self.fields, extrasaction="ignore")
+            if new:
+                writer.writeheader()
+            writer.writerow(metrics)
+
+    def log_artifact(self, path: str | Path, kind: str) -> None:
+        pass
+
+    def finish(self, summary: dict) -> None:
+        pass

@@ -1,0 +1,89 @@
+"""Weights & Biases: one run per job, step = round, group = the multirun sweep.
+
+Offline when no API key is configured. Any W&B failure is a warning: it never stops a run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+class WandbLogger:
+    def __init__(
+        self,
+        run_dir: str | Path,
+        project: str = "fedexp",
+        entity: str | None = None,
+        mode: str | None = None,
+        tags: list[str] | None = None,
+    ):
+        self.run_dir = Path(run_dir)
+        self.project, self.entity, self.tags = project, entity, list(tags or [])
+        self.mode = mode or os.environ.get("WANDB_MODE") or self._default_mode()
+        self.run = None
+
+    @staticmethod
+    def _default_mode() -> str:
+        if os.environ.get("WANDB_API_KEY"):
+            return "online"
+        netrc = Path.home() / ".netrc"
+        if netrc.exists() and "api.wandb.ai" in netrc.read_text(errors="ignore"):
+            return "online"
+        return "offline"
+
+    def _guard(self, what: str, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as err:  # W&B must never stop a run
+            log.warning("W&B %s failed (%s: %s); the run goes on", what, type(err).__name__, err)
+            return None
+
+    def start(self, config: dict, run_name: str, group: str | None) -> None:
+        def _init():
+            import wandb
+
+            return wandb.init(
+                project=self.project,
+                entity=self.entity,
+                mode=self.mode,
+                dir=str(self.run_dir),
+                config=config,
+                name=run_name,
+                group=group,
+                tags=self.tags,
+                reinit="finish_previous",
+            )
+
+        self.run = self._guard("init", _init)
+
+    def log_metrics(self, metrics: dict, step: int) -> None:
+        if self.run is not None:
+            self._guard("log", self.run.log, dict(metrics), step=step)
+
+    def log_artifact(self, path: str | Path, kind: str) -> None:
+        if self.run is None:
+            return
+
+        def _log():
+            import wandb
+
+            if str(path).endswith(".png"):
+                self.run.log({kind: wandb.Image(str(path))})
+            else:
+                self.run.save(str(path), base_path=str(Path(path).parent), policy="now")
+
+        self._guard("artifact", _log)
+
+    def finish(self, summary: dict) -> None:
+        if self.run is None:
+            return
+        final = {k: v for k, v in summary.get("metrics", {}).items() if isinstance(v, int | float)}
+        self._guard("summary", self.run.summary.update, {**final, "status": summary["status"]})
+        self._guard(
+            "finish", self.run.finish, exit_code=0 if summary["status"] == "completed" else 1
+        )
+        self.run = None

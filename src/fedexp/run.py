@@ -1,0 +1,210 @@
+"""Build every component from the config, validate before any training, run, and summarise."""
+
+from __future__ import annotations
+
+import logging
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from fedexp.core.algorithm import BuildContext
+from fedexp.core.client import OPTIMIZERS
+from fedexp.core.client_store import ClientStore
+from fedexp.core.config import build
+from fedexp.core.orchestrator import Orchestrator
+from fedexp.core.types import ConfigError, Diverged
+from fedexp.data.federated import FederatedData
+from fedexp.data.partition import class_counts, partition_dataset
+from fedexp.loggers.files import RunRecorder
+
+log = logging.getLogger(__name__)
+
+
+def validate(cfg: DictConfig) -> None:
+    """Scalar checks that need no data; each failure is one line naming the key."""
+    checks = [
+        (cfg.rounds >= 1, "rounds", f"must be >= 1, got {cfg.rounds}"),
+        (cfg.num_clients >= 1, "num_clients", f"must be >= 1, got {cfg.num_clients}"),
+        (
+            1 <= cfg.clients_per_round <= cfg.num_clients,
+            "clients_per_round",
+            f"must be in [1, num_clients={cfg.num_clients}], got {cfg.clients_per_round}",
+        ),
+        (cfg.eval_every >= 1, "eval_every", f"must be >= 1, got {cfg.eval_every}"),
+        (cfg.client.lr > 0, "client.lr", f"must be > 0, got {cfg.client.lr}"),
+        (
+            cfg.client.local_epochs >= 0,
+            "client.local_epochs",
+            f"must be >= 0, got {cfg.client.local_epochs}",
+        ),
+        (
+            cfg.client.batch_size >= 1,
+            "client.batch_size",
+            f"must be >= 1, got {cfg.client.batch_size}",
+        ),
+        (
+            cfg.client.optimizer in OPTIMIZERS,
+            "client.optimizer",
+            f"must be one of {sorted(OPTIMIZERS)}, got {cfg.client.optimizer!r}",
+        ),
+        (
+            0 <= cfg.partition.get("test_fraction", 0.2) < 1,
+            "partition.test_fraction",
+            "must be in [0, 1)",
+        ),
+        (
+            cfg.device in ("auto", "cpu", "cuda"),
+            "device",
+            f"must be auto, cpu or cuda, got {cfg.device!r}",
+        ),
+    ]
+    for ok, key, problem in checks:
+        if not ok:
+            raise ConfigError(f"{key}: {problem}")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device: cuda requested but no CUDA device is available")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def build_data(cfg: DictConfig, device: torch.device) -> FederatedData:
+    dataset = build(cfg.dataset, seed=cfg.seed, num_clients=cfg.num_clients)
+    # an algorithm that needs unlabelled server-side data (FedHeNN's RAD) declares `server_pool`
+    dataset = reserve_server_pool(dataset, int(cfg.algorithm.get("server_pool", 0) or 0), cfg.seed)
+    part = OmegaConf.to_container(cfg.partition, resolve=True)
+    scheme = part.pop("name")
+    test_fraction = part.pop("test_fraction", 0.2)
+    labels = dataset.train_y.numpy()
+    if scheme == "shards":
+        part.setdefault("num_classes", dataset.num_classes)
+    partition = partition_dataset(
+        labels,
+        cfg.num_clients,
+        scheme,
+        cfg.seed,
+        part,
+        client_ids=dataset.train_client_ids,
+        test_fraction=test_fraction,
+        cache_dir=cfg.paths.cache_dir,
+        cache_key={"dataset": OmegaConf.to_container(cfg.dataset, resolve=True)},
+    )
+    return FederatedData(dataset, partition, device)
+
+
+def reserve_server_pool(dataset, size: int, seed: int):
+    """Move `size` random training samples out of every client's reach into a server pool."""
+    if size <= 0:
+        return dataset
+    n = len(dataset.train_y)
+    if size >= n:
+        raise ConfigError(f"algorithm.server_pool: {size} >= the {n} training samples")
+    perm = np.random.default_rng([seed, 31337]).permutation(n)
+    pool, keep = np.sort(perm[:size]), np.sort(perm[size:])
+    dataset.server_x = dataset.train_x[pool]
+    dataset.train_x, dataset.train_y = dataset.train_x[keep], dataset.train_y[keep]
+    if dataset.train_client_ids is not None:
+        dataset.train_client_ids = dataset.train_client_ids[keep]
+    return dataset
+
+
+class Experiment:
+    """Everything one run needs, built and checked before the first round."""
+
+    def __init__(self, cfg: DictConfig, run_dir: str | Path):
+        validate(cfg)
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.device = resolve_device(cfg.device)
+        torch.manual_seed(cfg.seed)
+        self.data = build_data(cfg, self.device)
+        factory = build(cfg.model)
+        model_factory = partial(
+            factory, input_shape=self.data.input_shape, num_classes=self.data.num_classes
+        )
+        self.store = ClientStore()
+        ctx = BuildContext(
+            model_factory=model_factory,
+            client_cfg=cfg.client,
+            aggregator=build(cfg.aggregator),
+            data=self.data,
+            device=self.device,
+            seed=cfg.seed,
+            store=self.store,
+        )
+        self.algorithm = build(cfg.algorithm, ctx=ctx)
+        self.attack = build(cfg.attack)
+        self.attack.setup(ctx, cfg.num_clients)
+        self.executor = build(cfg.executor)
+        # audits and other end-of-evaluation hooks (privacy=mia, ...)
+        self.callbacks = [build(cfg.privacy, ctx=ctx)] if cfg.get("privacy") else []
+
+    def write_partition_stats(self) -> Path:
+        counts = class_counts(self.data.train_labels(), self.data.partition, self.data.num_classes)
+        path = self.run_dir / "partition_stats.csv"
+        header = "client,group,n_train,n_test," + ",".join(
+            f"class_{c}" for c in range(counts.shape[1])
+        )
+        groups = self.data.groups or [""] * len(counts)
+        rows = [
+            f"{c},{groups[c]},{len(self.data.partition.train[c])},"
+            f"{len(self.data.partition.test[c])}," + ",".join(map(str, counts[c]))
+            for c in range(len(counts))
+        ]
+        path.write_text("\n".join([header, *rows]) + "\n")
+        return path
+
+    def run(self, loggers: list, on_round=None, choices: dict | None = None) -> dict[str, Any]:
+        cfg = self.cfg
+        recorder = RunRecorder(self.run_dir)
+        stats = self.write_partition_stats()
+        for logger in loggers:
+            logger.log_artifact(stats, "partition/class_counts")
+        orch = Orchestrator(
+            self.algorithm,
+            self.executor,
+            self.data,
+            self.attack,
+            seed=cfg.seed,
+            rounds=cfg.rounds,
+            clients_per_round=cfg.clients_per_round,
+            eval_every=cfg.eval_every,
+            loggers=[recorder, *loggers],
+            on_round=on_round,
+            callbacks=self.callbacks,
+        )
+        start = time.perf_counter()
+        status, diverged_round = "completed", None
+        try:
+            orch.run()
+        except Diverged as err:
+            status, diverged_round = "diverged", err.round_idx
+            log.error("%s", err)
+        wall = time.perf_counter() - start
+        final = {k: v for k, v in orch.last_eval.items() if not k.startswith("time/")}
+        summary = {
+            "status": status,
+            "rounds_completed": orch.round if status == "completed" else (diverged_round or 1) - 1,
+            "diverged_round": diverged_round,
+            "metrics": final,
+            "client_acc": orch.client_accs,
+            "describe": {**self.algorithm.describe(), **self.attack.describe()},
+            "timing": {
+                "wall_time_s": wall,
+                "round_s_mean": float(np.mean([orch.last_eval.get("time/round_s", 0.0)])),
+            },
+            "choices": choices or {},
+            "config": OmegaConf.to_container(cfg, resolve=True),
+        }
+        recorder.write_summary(summary)
+        for logger in loggers:
+            logger.finish(summary)
+        return summary
