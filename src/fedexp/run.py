@@ -127,8 +127,13 @@ class Experiment:
         torch.manual_seed(cfg.seed)
         self.data = build_data(cfg, self.device)
         factory = build(cfg.model)
+        # a model factory takes (input_shape, num_classes, **dataset.model_kwargs); a model
+        # *family* (heterogeneous clients) also takes `arch` in range(model.num_archs)
         model_factory = partial(
-            factory, input_shape=self.data.input_shape, num_classes=self.data.num_classes
+            factory,
+            input_shape=self.data.input_shape,
+            num_classes=self.data.num_classes,
+            **self.data.dataset.model_kwargs,
         )
         self.store = ClientStore()
         ctx = BuildContext(

@@ -6,7 +6,7 @@ config allows it, and a missing copy gives one `ConfigError` naming the path and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +33,7 @@ class Dataset:
     input_shape: tuple[int, ...]
     train_client_ids: np.ndarray | None = None
     server_x: torch.Tensor | None = None  # unlabelled server-side pool (see `server_pool`)
+    model_kwargs: dict = field(default_factory=dict)  # extra model-factory args (vocab_size...)
 
 
 def _split_holdout(x, y, fraction: float, seed: int):

@@ -1,0 +1,56 @@
+"""Shared test helpers: run the real CLI in a subprocess, read what a run wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*overrides: str, cwd: Path, multirun: bool = False, check: bool = True, env=None):
+    """`python -m fedexp [overrides]` in `cwd`; returns the CompletedProcess.
+
+    Outputs go under cwd/outputs; caches and data under cwd so nothing is shared between tests.
+    """
+    full_env = dict(os.environ)
+    full_env.update(
+        WANDB_MODE="offline",
+        WANDB_SILENT="true",
+        FEDEXP_CACHE_DIR=str(cwd / "cache"),
+        FEDEXP_DATA_DIR=str(cwd / "data"),
+        PYTHONPATH=str(REPO / "src") + os.pathsep + full_env.get("PYTHONPATH", ""),
+    )
+    full_env.update(env or {})
+    args = [sys.executable, "-m", "fedexp", *(["-m"] if multirun else []), *overrides]
+    proc = subprocess.run(args, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout}\nSTDERR:\n{proc.stderr}"
+        )
+    return proc
+
+
+def summaries(root: Path) -> list[dict]:
+    """Every summary.json under root, in path order."""
+    return [json.loads(p.read_text()) for p in sorted(root.rglob("summary.json"))]
+
+
+def run_dirs(root: Path) -> list[Path]:
+    return sorted(p.parent for p in root.rglob("summary.json"))
+
+
+@pytest.fixture
+def cli(tmp_path):
+    """Run the CLI in a fresh temp dir: cli('algorithm=fedprox', 'debug=smoke')."""
+
+    def _run(*overrides, **kwargs):
+        return run_cli(*overrides, cwd=tmp_path, **kwargs)
+
+    _run.cwd = tmp_path
+    return _run
