@@ -1,0 +1,57 @@
+"""A two-client world small enough to compute by hand."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedexp.aggregators.mean import weighted_mean
+from fedexp.core.algorithm import BuildContext
+from fedexp.core.client_store import ClientStore
+from fedexp.data.datasets import Dataset
+from fedexp.data.federated import FederatedData
+from fedexp.data.partition import Partition
+from fedexp.models.mlp import BodyHead
+
+
+def zero_linear(input_shape=(2,), num_classes=2):
+    """A 2-in, 2-out linear classifier starting at zero (softmax = 1/2 everywhere)."""
+    model = BodyHead(nn.Flatten(), nn.Linear(2, num_classes))
+    nn.init.zeros_(model.head.weight)
+    nn.init.zeros_(model.head.bias)
+    return model
+
+
+def small_mlp(input_shape=(2,), num_classes=2):
+    return BodyHead(nn.Sequential(nn.Flatten(), nn.Linear(2, 4), nn.Tanh()), nn.Linear(4, 2))
+
+
+def client_cfg(**kw):
+    base = dict(
+        local_epochs=1, batch_size=1, optimizer="sgd", lr=0.1, momentum=0.0, weight_decay=0.0
+    )
+    return SimpleNamespace(**{**base, **kw})
+
+
+def two_client_data():
+    """Client 0 holds x=[1,2], y=0; client 1 holds x=[2,0], y=1 (one sample each)."""
+    x = torch.tensor([[1.0, 2.0], [2.0, 0.0]])
+    y = torch.tensor([0, 1])
+    ds = Dataset("hand", x, y, x.clone(), y.clone(), 2, (2,))
+    part = Partition([np.array([0]), np.array([1])], [np.array([0]), np.array([1])])
+    return FederatedData(ds, part, torch.device("cpu"))
+
+
+def make_ctx(data, factory=zero_linear, seed=0, **client_kw) -> BuildContext:
+    return BuildContext(
+        model_factory=factory,
+        client_cfg=client_cfg(**client_kw),
+        aggregator=weighted_mean,
+        data=data,
+        device=torch.device("cpu"),
+        seed=seed,
+        store=ClientStore(),
+    )

@@ -1,0 +1,84 @@
+"""Tiny end-to-end runs through the real CLI."""
+
+import json
+
+import pytest
+from conftest import run_dirs, summaries
+from wandb_offline import history, run_info
+
+SMOKE = ("debug=smoke",)
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedprox", "fedrep"])
+def test_every_spine_algorithm_runs(cli, algorithm):
+    proc = cli(f"algorithm={algorithm}", *SMOKE)
+    assert f"{algorithm} on digits" in proc.stdout  # the final table
+    (summary,) = summaries(cli.cwd / "outputs")
+    assert summary["status"] == "completed" and summary["rounds_completed"] == 2
+    key = "eval/personal/acc_mean" if algorithm == "fedrep" else "eval/global/acc"
+    assert 0.0 <= summary["metrics"][key] <= 1.0
+    assert summary["metrics"]["comm/up_bits_total"] > 0
+    (run,) = run_dirs(cli.cwd / "outputs")
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["round"] for line in lines] == [1, 2]
+    stats = (run / "partition_stats.csv").read_text().splitlines()
+    assert stats[0].startswith("client,group,n_train,n_test,class_0") and len(stats) == 7
+
+
+def test_same_seed_gives_identical_metrics(cli):
+    cli(*SMOKE, "seed=5", "hydra.run.dir=a")
+    cli(*SMOKE, "seed=5", "hydra.run.dir=b")
+    a, b = (json.loads((cli.cwd / d / "summary.json").read_text()) for d in "ab")
+    assert a["metrics"] == b["metrics"] and a["client_acc"] == b["client_acc"]
+
+
+def test_two_job_multirun(cli):
+    cli("algorithm=fedavg,fedprox", *SMOKE, multirun=True)
+    found = summaries(cli.cwd / "outputs" / "multirun")
+    assert sorted(s["choices"]["algorithm"] for s in found) == ["fedavg", "fedprox"]
+
+
+def test_wandb_offline_run_holds_the_accuracy(cli):
+    cli(*SMOKE, "logger=wandb", "hydra.run.dir=w")
+    (run_file,) = (cli.cwd / "w" / "wandb").glob("offline-run-*/run-*.wandb")
+    rows = [r for r in history(run_file) if "eval/global/acc" in r]
+    summary = json.loads((cli.cwd / "w" / "summary.json").read_text())
+    assert [r["_step"] for r in rows] == [1, 2]
+    assert rows[-1]["eval/global/acc"] == pytest.approx(summary["metrics"]["eval/global/acc"])
+    assert run_info(run_file)["name"] == "fedavg-digits-s0"
+
+
+def test_wandb_failure_never_stops_the_run(cli):
+    # an unknown mode makes wandb.init raise; the run must warn and finish
+    cli(*SMOKE, "logger=wandb", "logger.wandb.mode=bogus", "hydra.run.dir=w")
+    assert json.loads((cli.cwd / "w" / "summary.json").read_text())["status"] == "completed"
+
+
+def test_hydra_introspection_works(cli):
+    proc = cli("--cfg", "job")
+    assert "algorithm:" in proc.stdout and "fedexp.algorithms.fedavg.FedAvg" in proc.stdout
+
+
+BAD_INPUTS = [
+    (("clients_per_round=30",), "clients_per_round: must be in [1, num_clients=20], got 30"),
+    (("client.lr=0",), "client.lr: must be > 0, got 0"),
+    (("rounds=0",), "rounds: must be >= 1, got 0"),
+    (("partition.classes_per_client=11",), "partition.classes_per_client: 11 exceeds"),
+    (("client.optimizer=lbfgs",), "client.optimizer: must be one of"),
+    (("dataset=cifar10", "dataset.data_dir=nowhere"), "dataset.data_dir: CIFAR-10 not found at"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", BAD_INPUTS)
+def test_bad_input_gives_one_line_error_and_no_run_dir(cli, overrides, message):
+    proc = cli(*overrides, check=False)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert not list((cli.cwd / "outputs").rglob("*.json"))
+    assert not any(p.is_dir() for p in (cli.cwd / "outputs" / "runs").glob("*/*"))
+
+
+def test_unknown_option_is_hydras_error(cli):
+    proc = cli("algorithm=nope", check=False)
+    assert proc.returncode != 0 and "nope" in proc.stderr
