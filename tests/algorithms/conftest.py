@@ -1,4 +1,5 @@
 import pytest
+
 from handworld import two_client_data
 
 

@@ -5,7 +5,6 @@ from fedexp.algorithms.fedprox import FedProx
 from fedexp.algorithms.fedrep import FedRep
 from fedexp.core.executors import SequentialExecutor
 from fedexp.core.types import ClientResult, RoundContext, ServerState, Weights
-
 from handworld import make_ctx, small_mlp
 
 

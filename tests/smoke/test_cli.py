@@ -3,6 +3,7 @@
 import json
 
 import pytest
+
 from conftest import run_dirs, summaries
 from wandb_offline import history, run_info
 
