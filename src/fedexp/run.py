@@ -204,7 +204,7 @@ class Experiment:
             "describe": {**self.algorithm.describe(), **self.attack.describe()},
             "timing": {
                 "wall_time_s": wall,
-                "round_s_mean": float(np.mean([orch.last_eval.get("time/round_s", 0.0)])),
+                "round_s_mean": orch.train_seconds / max(orch.round, 1),
             },
             "choices": choices or {},
             "config": OmegaConf.to_container(cfg, resolve=True),

@@ -45,6 +45,7 @@ class Orchestrator:
         self.callbacks = list(callbacks)
         self.train_data = attack.wrap_data(data)
         self.totals = {"comm/up_bits_total": 0, "comm/down_bits_total": 0}
+        self.train_seconds = 0.0  # summed round times (local training + aggregation)
         self.last_eval: dict = {}
         self.client_accs: dict = {}
         self.state: ServerState | None = None
@@ -69,6 +70,7 @@ class Orchestrator:
         self.totals["comm/up_bits_total"] += up
         self.totals["comm/down_bits_total"] += down
         elapsed = time.perf_counter() - start
+        self.train_seconds += elapsed
         steps = sum(r.num_steps for r in results)
         metrics = {
             "round": t,
