@@ -148,6 +148,29 @@ def local_split(
     return train, test
 
 
+def reduce_clients(
+    train: list[np.ndarray], fraction: float, factor: float, seed: int
+) -> list[np.ndarray]:
+    """A random `fraction` of the clients keeps a random `factor` of its training samples.
+
+    FedHeNN's sensitivity study (halve the data of 0-100 % of the clients). Local test splits
+    are untouched; its own stream leaves every partition with fraction 0 as it was.
+    """
+    if not 0 <= fraction <= 1:
+        raise ConfigError(f"partition.reduce_fraction: must be in [0, 1], got {fraction}")
+    if not 0 < factor <= 1:
+        raise ConfigError(f"partition.reduce_factor: must be in (0, 1], got {factor}")
+    if fraction == 0 or factor == 1:
+        return train
+    rng = np.random.default_rng([seed, 5151])
+    chosen = rng.choice(len(train), int(round(fraction * len(train))), replace=False)
+    out = list(train)
+    for c in np.sort(chosen):
+        keep = max(1, int(round(factor * len(out[c]))))
+        out[c] = np.sort(rng.choice(out[c], keep, replace=False))
+    return out
+
+
 def partition_dataset(
     labels: np.ndarray,
     num_clients: int,
@@ -177,9 +200,13 @@ def partition_dataset(
         path = Path(cache_dir).expanduser() / "partitions" / f"{digest[:20]}.npz"
         if path.exists():
             return _load(path)
+    params = dict(params)
+    reduce_fraction = float(params.pop("reduce_fraction", 0.0))
+    reduce_factor = float(params.pop("reduce_factor", 1.0))
     rng = np.random.default_rng([seed, 4242])
     parts = SCHEMES[scheme](labels, num_clients, rng, client_ids=client_ids, **params)
     train, test = local_split(parts, test_fraction, rng)
+    train = reduce_clients(train, reduce_fraction, reduce_factor, seed)
     if min(len(t) for t in train) == 0:
         raise ConfigError(f"num_clients: {num_clients} clients leave some with no training data")
     partition = Partition(train, test)

@@ -1,0 +1,228 @@
+"""FedHeNN's pieces shared by both variants: options, eta(t), the RAD, messages, the client term.
+
+The client objective is F_i(W_i) + eta(t) * d(K(Phi_i(X; W_i)), target), where X is the round's
+Representation Alignment Dataset (RAD) and the target is the global model's kernel
+(homogeneous) or the aggregated kernel of the previous round's clients (heterogeneous).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from fedexp.core.client import ClientModule
+from fedexp.core.seeding import derive_seed
+from fedexp.core.types import FLOAT_BITS, ConfigError, Message
+from fedexp.metrics.cka import KERNELS, cka_distance, kernel_matrix, linear_cka, procrustes_distance
+
+RAD_STREAM = 41  # derive_seed tag of the RAD draws, apart from SAMPLING/CLIENT/INIT
+INDEX_BITS, SEED_BITS = 32, 64
+VARIANTS = ("homogeneous", "heterogeneous")
+SCHEDULES = ("constant", "linear", "sqrt", "step")
+
+
+def _check(ok: bool, key: str, problem: str) -> None:
+    if not ok:
+        raise ConfigError(f"algorithm.{key}: {problem}")
+
+
+@dataclass(frozen=True)
+class AlignmentOptions:
+    """The alignment half of FedHeNN's config (conf/algorithm/fedhenn.yaml has the defaults)."""
+
+    kernel: str
+    rbf_sigma: float
+    distance: str
+    eta0: float
+    eta_schedule: str
+    eta_step_every: int
+    eta_step_gamma: float
+    rad_size: int
+    rad_source: str
+    kernel_weighting: str
+
+    def validate(self, variant: str, data) -> None:
+        _check(variant in VARIANTS, "variant", f"must be one of {VARIANTS}, got {variant!r}")
+        _check(self.kernel in KERNELS, "kernel", f"must be one of {KERNELS}, got {self.kernel!r}")
+        _check(self.rbf_sigma > 0, "rbf_sigma", f"must be > 0, got {self.rbf_sigma}")
+        _check(
+            self.distance in ("cka", "procrustes"),
+            "distance",
+            f"must be cka or procrustes, got {self.distance!r}",
+        )
+        _check(
+            not (self.distance == "procrustes" and variant == "heterogeneous"),
+            "distance",
+            "procrustes compares two representation matrices; heterogeneous clients align to "
+            "an aggregated kernel, so use distance=cka",
+        )
+        _check(self.eta0 >= 0, "eta0", f"must be >= 0, got {self.eta0}")
+        _check(
+            self.eta_schedule in SCHEDULES,
+            "eta_schedule",
+            f"must be one of {SCHEDULES}, got {self.eta_schedule!r}",
+        )
+        _check(self.eta_step_every >= 1, "eta_step_every", "must be >= 1")
+        _check(self.eta_step_gamma > 0, "eta_step_gamma", "must be > 0")
+        _check(self.rad_size >= 2, "rad_size", f"must be >= 2, got {self.rad_size}")
+        _check(
+            self.kernel_weighting in ("uniform", "samples"),
+            "kernel_weighting",
+            f"must be uniform or samples, got {self.kernel_weighting!r}",
+        )
+        _check(
+            self.rad_source in ("holdout", "noise"),
+            "rad_source",
+            f"must be holdout or noise, got {self.rad_source!r}",
+        )
+        if self.rad_source == "holdout":
+            pool = 0 if data.server_x is None else len(data.server_x)
+            _check(
+                pool >= self.rad_size,
+                "server_pool",
+                f"rad_source=holdout draws rad_size={self.rad_size} samples from a server pool "
+                f"of {pool}; set server_pool >= rad_size (or rad_source=noise)",
+            )
+        else:
+            _check(
+                data.x.is_floating_point(),
+                "rad_source",
+                "noise needs real-valued inputs; use holdout for token data",
+            )
+
+    def eta(self, round_idx: int) -> float:
+        """eta(t) = eta0 * f(t), t = 1, 2, ...: f = 1, t, sqrt(t), or gamma^floor((t-1)/every)."""
+        t = round_idx
+        factor = {
+            "constant": 1.0,
+            "linear": float(t),
+            "sqrt": math.sqrt(t),
+            "step": self.eta_step_gamma ** ((t - 1) // self.eta_step_every),
+        }[self.eta_schedule]
+        return self.eta0 * factor
+
+
+# ---- messages ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Rad(Message):
+    """A RAD: L instances. On the wire it is L indices into the server's published pool
+    (holdout) or the 64-bit seed that regenerates it (noise), never the inputs themselves."""
+
+    x: torch.Tensor
+    bits: int
+
+    def num_bits(self) -> int:
+        return self.bits
+
+
+@dataclass(frozen=True)
+class AlignPayload(Message):
+    """What a client receives in a round.
+
+    weights: the global model (homogeneous). rad/target: the RAD and the alignment target on it.
+    probe: the next round's RAD, whose representations the client uploads (heterogeneous).
+    `target_sent` is False where the client derives the target itself (homogeneous: from the
+    global weights it receives; the server computes it once per round only to save work).
+    """
+
+    eta: float
+    weights: torch.Tensor | None = None
+    rad: Rad | None = None
+    target: torch.Tensor | None = None
+    target_sent: bool = False
+    probe: Rad | None = None
+
+    def num_bits(self) -> int:
+        bits = 0 if self.weights is None else self.weights.numel() * FLOAT_BITS
+        bits += sum(m.num_bits() for m in (self.rad, self.probe) if m is not None)
+        if self.target is not None and self.target_sent:
+            bits += self.target.numel() * FLOAT_BITS
+        return bits
+
+
+@dataclass(frozen=True)
+class AlignmentUpload(Message):
+    """A client's representations of the probe RAD (L x d), or its L x L kernel when d > L."""
+
+    values: torch.Tensor
+    is_kernel: bool
+
+    def num_bits(self) -> int:
+        return self.values.numel() * FLOAT_BITS
+
+
+def draw_rad(opts: AlignmentOptions, data, seed: int, round_idx: int) -> Rad:
+    """Round `round_idx`'s RAD, a function of (seed, round) alone."""
+    generator = torch.Generator().manual_seed(derive_seed(seed, RAD_STREAM, round_idx))
+    if opts.rad_source == "noise":
+        # the clients' inputs are standardised, so N(0, 1) matches their scale
+        x = torch.randn((opts.rad_size, *data.input_shape), generator=generator)
+        return Rad(x.to(data.x.device), SEED_BITS)
+    pool = data.server_x
+    pick = torch.randperm(len(pool), generator=generator)[: opts.rad_size]
+    return Rad(pool[pick.to(pool.device)], opts.rad_size * INDEX_BITS)
+
+
+# ---- targets and the client term -----------------------------------------------------------------
+def representations(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Phi(x): the body's output as an (L, d) matrix."""
+    return model.body(x).flatten(1)
+
+
+@torch.no_grad()
+def upload_of(model: nn.Module, probe: Rad, opts: AlignmentOptions) -> AlignmentUpload:
+    """What a client sends: its representations of the probe, or their kernel if narrower."""
+    model.eval()
+    reps = representations(model, probe.x)
+    if reps.shape[1] > reps.shape[0]:
+        return AlignmentUpload(kernel_matrix(reps, opts.kernel, opts.rbf_sigma), True)
+    return AlignmentUpload(reps, False)
+
+
+def upload_kernel(upload: AlignmentUpload, opts: AlignmentOptions) -> torch.Tensor:
+    if upload.is_kernel:
+        return upload.values
+    return kernel_matrix(upload.values, opts.kernel, opts.rbf_sigma)
+
+
+def global_target(reps: torch.Tensor, opts: AlignmentOptions) -> torch.Tensor:
+    """The homogeneous target: representations (linear CKA, Procrustes) or their RBF kernel."""
+    if opts.distance == "cka" and opts.kernel == "rbf":
+        return kernel_matrix(reps, "rbf", opts.rbf_sigma)
+    return reps
+
+
+class AlignModule(ClientModule):
+    """Task loss + eta * d(K(Phi(X)), target). With eta = 0 or no RAD it is the plain task loss."""
+
+    def __init__(self, model: nn.Module, client_cfg, opts: AlignmentOptions, target_is_kernel):
+        super().__init__(model, client_cfg)
+        self.opts = opts
+        self.target_is_kernel = target_is_kernel
+        self.eta = 0.0
+        self.rad: torch.Tensor | None = None
+        self.target: torch.Tensor | None = None
+
+    def set_alignment(self, eta: float, rad: Rad | None, target: torch.Tensor | None) -> None:
+        active = eta > 0 and rad is not None and target is not None
+        self.eta = eta if active else 0.0
+        self.rad = rad.x if active else None
+        self.target = target if active else None
+
+    def alignment_distance(self) -> torch.Tensor:
+        reps = representations(self.model, self.rad)
+        opts = self.opts
+        if opts.distance == "procrustes":
+            return procrustes_distance(reps, self.target)
+        if self.target_is_kernel or opts.kernel == "rbf":
+            return cka_distance(kernel_matrix(reps, opts.kernel, opts.rbf_sigma), self.target)
+        return 1 - linear_cka(reps, self.target)  # feature space: O(L d^2), not O(L^2 d)
+
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+        loss = self.task_loss(batch)
+        if self.rad is None:
+            return loss
+        return loss + self.eta * self.alignment_distance()

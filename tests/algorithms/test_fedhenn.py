@@ -1,0 +1,273 @@
+"""FedHeNN: exact reductions (eta = 0), the alignment term, K_bar, the ledger, validation."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from fedexp.algorithms.fedavg import FedAvg
+from fedexp.algorithms.fedhenn import client_arch
+from fedexp.algorithms.fedhenn_alignment import (
+    AlignmentOptions,
+    AlignmentUpload,
+    AlignModule,
+    AlignPayload,
+    Rad,
+)
+from fedexp.core.algorithm import flat_params
+from fedexp.core.client import ClientModule
+from fedexp.core.client_store import ClientStore
+from fedexp.core.executors import train_local
+from fedexp.core.orchestrator import Orchestrator
+from fedexp.core.seeding import CLIENT, INIT, client_generator, derive_seed, sample_clients
+from fedexp.core.types import ClientResult, ConfigError, RoundContext, ServerState, Weights
+from fedexp.metrics.cka import linear_kernel
+from fedexp.models.family import cnn_family
+from fedexp.models.mlp import mlp
+from fedexp.run import Experiment
+
+REPO = Path(__file__).resolve().parents[2]
+HETERO = ("algorithm=fedhenn", "algorithm.variant=heterogeneous", "model=cnn_family")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models: on a busy machine, intra-op thread barriers cost far more than they save."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def experiment(tmp_path: Path, *overrides: str) -> Experiment:
+    """An in-process run of the real config (debug=smoke: 6 clients, 3 a round, 2 rounds)."""
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose(
+            "config",
+            overrides=["debug=smoke", f"paths.cache_dir={tmp_path / 'cache'}", *overrides],
+        )
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return Experiment(cfg, run_dir)
+
+
+class Capture:
+    """A logger that keeps every evaluated round's metrics."""
+
+    def __init__(self) -> None:
+        self.rounds: list[dict] = []
+
+    def log_metrics(self, metrics: dict, step: int) -> None:
+        self.rounds.append(dict(metrics))
+
+
+def run(exp: Experiment, algorithm=None) -> tuple[Orchestrator, Capture]:
+    capture = Capture()
+    cfg = exp.cfg
+    orch = Orchestrator(
+        algorithm or exp.algorithm,
+        exp.executor,
+        exp.data,
+        exp.attack,
+        seed=cfg.seed,
+        rounds=cfg.rounds,
+        clients_per_round=cfg.clients_per_round,
+        eval_every=cfg.eval_every,
+        loggers=[capture],
+    )
+    orch.run()
+    return orch, capture
+
+
+def options(**changes) -> AlignmentOptions:
+    base = AlignmentOptions("linear", 1.0, "cka", 0.1, "constant", 50, 2.0, 8, "noise", "uniform")
+    return dataclasses.replace(base, **changes)
+
+
+def test_eta_schedules_by_hand():
+    assert options(eta_schedule="constant").eta(9) == pytest.approx(0.1)
+    assert options(eta_schedule="linear").eta(9) == pytest.approx(0.9)
+    assert options(eta_schedule="sqrt").eta(9) == pytest.approx(0.3)
+    step = options(eta_schedule="step", eta_step_every=10, eta_step_gamma=3.0)
+    assert [step.eta(t) for t in (1, 10, 11, 21)] == pytest.approx([0.1, 0.1, 0.3, 0.9])
+
+
+def test_eta0_homogeneous_is_fedavg_exactly_on_the_same_data(tmp_path):
+    # holdout RAD: the server pool is reserved; FedAvg runs on exactly the same client data
+    henn = experiment(tmp_path, "algorithm=fedhenn", "algorithm.eta0=0")
+    orch_henn, _ = run(henn)
+    ctx = dataclasses.replace(henn.algorithm.ctx, store=ClientStore())
+    orch_avg, _ = run(henn, FedAvg(ctx))
+    assert torch.equal(orch_henn.state.params, orch_avg.state.params)
+    for key, value in orch_avg.last_eval.items():
+        if not key.startswith("time/"):
+            assert orch_henn.last_eval[key] == value, key
+
+
+def test_eta0_homogeneous_summary_equals_fedavg_summary(tmp_path):
+    # no pool (noise RAD, server_pool=0): the whole pipeline, config to summary, is FedAvg's
+    avg = experiment(tmp_path / "a", "algorithm=fedavg").run([])
+    henn = experiment(
+        tmp_path / "h",
+        "algorithm=fedhenn",
+        "algorithm.eta0=0",
+        "algorithm.rad_source=noise",
+        "algorithm.server_pool=0",
+    ).run([])
+    for key, value in avg["metrics"].items():
+        if not key.startswith("time/"):
+            assert henn["metrics"][key] == value, key
+    assert "eval/personal/acc_mean" in henn["metrics"]
+
+
+def test_homogeneous_alignment_changes_training_and_personal_models_are_kept(tmp_path):
+    henn = experiment(tmp_path, "algorithm=fedhenn", "algorithm.eta0=1.0")
+    orch, capture = run(henn)
+    ctx = dataclasses.replace(henn.algorithm.ctx, store=ClientStore())
+    orch_avg, _ = run(henn, FedAvg(ctx))
+    assert not torch.equal(orch.state.params, orch_avg.state.params)
+    assert capture.rounds[-1]["fedhenn/eta"] == pytest.approx(math.sqrt(2))
+    trained = set(sample_clients(0, 1, 6, 3)) | set(sample_clients(0, 2, 6, 3))
+    assert set(henn.algorithm.store.state_dict()) == trained
+    # down: weights + 100 RAD indices of 32 bits per client; up: weight deltas
+    params = orch.state.params.numel()
+    assert capture.rounds[0]["comm/down_bits"] == 3 * (params * 32 + 100 * 32)
+    assert capture.rounds[0]["comm/up_bits"] == 3 * params * 32
+
+
+@pytest.mark.parametrize("changes", [("kernel=rbf", "eta_schedule=step"), ("distance=procrustes",)])
+def test_homogeneous_variants_run(tmp_path, changes):
+    exp = experiment(tmp_path, "algorithm=fedhenn", *(f"algorithm.{c}" for c in changes))
+    orch, _ = run(exp)
+    assert orch.last_eval["eval/global/acc"] > 0.1  # better than chance over 10 classes
+    assert orch.last_eval["eval/personal/acc_mean"] > 0.1
+
+
+def local_training_replica(exp: Experiment, client_id: int) -> torch.Tensor:
+    """Client `client_id` trained alone: its own initial model, its rounds, plain task loss."""
+    cfg, factory = exp.cfg, exp.algorithm.ctx.model_factory
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derive_seed(cfg.seed, INIT, client_id))
+        model = factory(arch=client_arch(cfg.seed, client_id, 5))
+    module = ClientModule(model, cfg.client)
+    for t in range(1, cfg.rounds + 1):
+        if client_id in sample_clients(cfg.seed, t, cfg.num_clients, cfg.clients_per_round):
+            torch.manual_seed(derive_seed(cfg.seed, CLIENT, t, client_id, 1))
+            x, y = exp.data.train(client_id)
+            generator = client_generator(cfg.seed, t, client_id)
+            train_local(module, x, y, cfg.client.batch_size, generator)
+    return flat_params(list(model.parameters()))
+
+
+def test_eta0_heterogeneous_is_isolated_local_training(tmp_path):
+    exp = experiment(tmp_path, *HETERO, "algorithm.eta0=0")
+    orch, capture = run(exp)
+    for c in range(exp.cfg.num_clients):  # client 3 is never sampled: its initial model
+        assert torch.equal(exp.algorithm.client_params(c), local_training_replica(exp, c)), c
+    assert orch.totals == {"comm/up_bits_total": 0, "comm/down_bits_total": 0}
+    assert len(orch.client_accs["personal"]) == 6 and "eval/global/acc" not in orch.last_eval
+
+
+def test_heterogeneous_alignment_starts_in_round_two_and_is_counted(tmp_path):
+    plain = experiment(tmp_path / "p", *HETERO, "algorithm.eta0=0")
+    run(plain)
+    exp = experiment(tmp_path / "a", *HETERO, "algorithm.eta0=1.0")
+    orch, capture = run(exp)
+    round1, round2 = sample_clients(0, 1, 6, 3), sample_clients(0, 2, 6, 3)
+    assert (round1, round2) == ((0, 1, 2), (0, 2, 4))
+
+    def same(c: int) -> bool:
+        return torch.equal(exp.algorithm.client_params(c), plain.algorithm.client_params(c))
+
+    assert same(1) and same(3) and same(5)  # round 1 has no K_bar yet; 3, 5 never trained
+    assert not same(0) and not same(2) and not same(4)  # aligned to K_bar(1) in round 2
+    # round 1: 100 probe indices down; representations (100 x d_j) or kernels (d_j > 100) up
+    widths = [
+        exp.algorithm.modules[exp.algorithm.archs[c]].model.body(exp.data.server_x[:2]).shape[1]
+        for c in round1
+    ]
+    first, second = capture.rounds
+    assert first["comm/down_bits"] == 3 * 100 * 32
+    assert first["comm/up_bits"] == sum(100 * min(d, 100) * 32 for d in widths)
+    # round 2: RAD + probe indices and the 100 x 100 K_bar
+    assert second["comm/down_bits"] == 3 * (2 * 100 * 32 + 100 * 100 * 32)
+
+
+def test_kernel_bar_is_the_weighted_mean_of_client_kernels(tmp_path):
+    exp = experiment(tmp_path, *HETERO, "algorithm.kernel_weighting=samples")
+    algorithm = exp.algorithm
+    reps_a, reps_b = torch.arange(6.0).view(3, 2), torch.tensor([[1.0], [0.0], [2.0]])
+    results = [
+        ClientResult(0, 10, AlignmentUpload(reps_a, False), 0.0, 1),
+        ClientResult(1, 30, AlignmentUpload(linear_kernel(reps_b), True), 0.0, 1),
+    ]
+    state, _ = algorithm.aggregate(ServerState(), results, RoundContext(4, (0, 1), 0))
+    expected = (10 * reps_a @ reps_a.T + 30 * reps_b @ reps_b.T) / 40
+    torch.testing.assert_close(state.buffers["kernel"], expected)
+    assert state.buffers["kernel_round"] == 5
+
+
+@pytest.mark.parametrize(
+    ("target_is_kernel", "changes"),
+    [
+        (False, {}),
+        (False, {"kernel": "rbf"}),
+        (False, {"distance": "procrustes"}),
+        (True, {}),
+        (True, {"kernel": "rbf"}),
+    ],
+)
+def test_alignment_gradient_is_finite(target_is_kernel, changes):
+    torch.manual_seed(0)
+    opts = options(**changes)
+    model = cnn_family((1, 8, 8), 10, arch=2) if target_is_kernel else mlp((1, 8, 8), 10)
+    module = AlignModule(model, None, opts, target_is_kernel)
+    rad = Rad(torch.randn(8, 1, 8, 8), 64)
+    target_reps = torch.randn(8, 5)
+    if target_is_kernel or opts.kernel == "rbf":
+        from fedexp.metrics.cka import kernel_matrix
+
+        target = kernel_matrix(target_reps, opts.kernel)
+    else:
+        target = target_reps
+    module.set_alignment(0.5, rad, target)
+    module.alignment_distance().backward()
+    grads = [p.grad for p in model.body.parameters()]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    assert sum(g.abs().sum() for g in grads) > 0
+    module.set_alignment(0.0, rad, target)  # eta = 0 switches the term off entirely
+    assert module.rad is None
+
+
+def test_message_bits_by_hand():
+    assert Rad(torch.zeros(5, 3), 5 * 32).num_bits() == 160
+    payload = AlignPayload(0.1, weights=torch.zeros(7), rad=Rad(torch.zeros(5, 3), 160))
+    assert payload.num_bits() == 7 * 32 + 160
+    derived = AlignPayload(0.1, rad=Rad(torch.zeros(5, 3), 64), target=torch.zeros(5, 5))
+    assert derived.num_bits() == 64  # the homogeneous target is derived by the client
+    sent = dataclasses.replace(derived, target_sent=True, probe=Rad(torch.zeros(5, 3), 64))
+    assert sent.num_bits() == 64 + 64 + 25 * 32
+    assert AlignmentUpload(torch.zeros(5, 4), False).num_bits() == 20 * 32
+    assert Weights(torch.zeros(3)).num_bits() == AlignPayload(0.0, torch.zeros(3)).num_bits()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (("algorithm=fedhenn", "model=cnn_family"), "model: algorithm.variant=homogeneous"),
+        (("algorithm=fedhenn", "algorithm.variant=heterogeneous"), "needs a model family"),
+        ((*HETERO, "algorithm.distance=procrustes"), "algorithm.distance"),
+        (("algorithm=fedhenn", "algorithm.rad_size=300"), "algorithm.server_pool"),
+        (("algorithm=fedhenn", "algorithm.kernel=cosine"), "algorithm.kernel"),
+        (("algorithm=fedhenn", "algorithm.eta_schedule=cosine"), "algorithm.eta_schedule"),
+        (("algorithm=fedhenn", "algorithm.variant=both"), "algorithm.variant"),
+    ],
+)
+def test_bad_configs_are_config_errors(tmp_path, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        experiment(tmp_path, *overrides)

@@ -1,0 +1,51 @@
+"""cnn_family: five CNNs from 1 conv + 1 FC to 3 conv + 3 FC behind one factory."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+import torch
+from torch import nn
+
+from fedexp.core.types import ConfigError
+from fedexp.models.family import cnn_family, family_layouts, family_size
+
+
+def layer_counts(model: nn.Module) -> tuple[int, int]:
+    convs = sum(isinstance(m, nn.Conv2d) for m in model.modules())
+    linears = sum(isinstance(m, nn.Linear) for m in model.modules())
+    return convs, linears
+
+
+@pytest.mark.parametrize("shape", [(1, 8, 8), (3, 32, 32)])
+def test_five_architectures_smallest_to_largest(shape):
+    expected = [(1, 1), (1, 2), (2, 2), (2, 3), (3, 3)]
+    widths = []
+    for arch, layout in enumerate(expected):
+        model = cnn_family(shape, 7, arch=arch)
+        assert layer_counts(model) == layout
+        x = torch.zeros(2, *shape)
+        assert model(x).shape == (2, 7)
+        assert isinstance(model.head, nn.Linear)  # the head is the last FC layer
+        widths.append(model.body(x).shape[1])
+    # arch 0 represents with its flattened conv features (16 channels, one 2x2 pooling)
+    assert widths == [16 * (shape[1] // 2) ** 2, 128, 128, 128, 128]
+
+
+def test_num_archs_spreads_over_the_family_and_is_found_on_the_partial():
+    assert family_layouts(2) == [(1, 1), (3, 3)]
+    assert family_layouts(3) == [(1, 1), (2, 2), (3, 3)]
+    factory = partial(partial(cnn_family, num_archs=3), input_shape=(1, 8, 8), num_classes=10)
+    assert family_size(factory) == 3
+    assert family_size(partial(nn.Linear, 3)) is None
+    assert layer_counts(factory(arch=2)) == (3, 3)
+
+
+def test_family_misuse_is_a_config_error():
+    with pytest.raises(ConfigError, match="model: cnn_family is a family"):
+        cnn_family((1, 8, 8), 10)
+    with pytest.raises(ConfigError, match="model.num_archs"):
+        cnn_family((1, 8, 8), 10, arch=0, num_archs=6)
+    with pytest.raises(ConfigError, match="image inputs"):
+        cnn_family((60,), 10, arch=0)
