@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -54,3 +55,8 @@ def cli(tmp_path):
 
     _run.cwd = tmp_path
     return _run
+
+
+# Tiny models run fastest on one thread, and a loaded machine makes torch's thread pool thrash.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(1)

@@ -14,6 +14,7 @@ SKIP_GROUPS = {"experiment", "debug", "hydra", "hparams_search"}
 # options that only make sense together with others
 REQUIRES: dict[tuple[str, str], tuple[str, ...]] = {
     ("partition", "natural"): ("dataset=synthetic",),
+    ("model", "cnn_family"): ("algorithm=fedhenn", "algorithm.variant=heterogeneous"),
 }
 
 

@@ -129,12 +129,12 @@ class Experiment:
         factory = build(cfg.model)
         # a model factory takes (input_shape, num_classes, **dataset.model_kwargs); a model
         # *family* (heterogeneous clients) also takes `arch` in range(model.num_archs)
-        model_factory = partial(
-            factory,
+        model_args = dict(
             input_shape=self.data.input_shape,
             num_classes=self.data.num_classes,
             **self.data.dataset.model_kwargs,
         )
+        model_factory = partial(factory, **model_args)
         self.store = ClientStore()
         ctx = BuildContext(
             model_factory=model_factory,
@@ -144,6 +144,7 @@ class Experiment:
             device=self.device,
             seed=cfg.seed,
             store=self.store,
+            model_args=model_args,
         )
         self.algorithm = build(cfg.algorithm, ctx=ctx)
         self.attack = build(cfg.attack)

@@ -260,7 +260,14 @@ def test_message_bits_by_hand():
     ("overrides", "message"),
     [
         (("algorithm=fedhenn", "model=cnn_family"), "model: algorithm.variant=homogeneous"),
-        (("algorithm=fedhenn", "algorithm.variant=heterogeneous"), "needs a model family"),
+        (
+            (
+                "algorithm=fedhenn",
+                "algorithm.variant=heterogeneous",
+                "algorithm.default_family=nope",
+            ),
+            "algorithm.default_family",
+        ),
         ((*HETERO, "algorithm.distance=procrustes"), "algorithm.distance"),
         (("algorithm=fedhenn", "algorithm.rad_size=300"), "algorithm.server_pool"),
         (("algorithm=fedhenn", "algorithm.kernel=cosine"), "algorithm.kernel"),
@@ -271,3 +278,8 @@ def test_message_bits_by_hand():
 def test_bad_configs_are_config_errors(tmp_path, overrides, message):
     with pytest.raises(ConfigError, match=message):
         experiment(tmp_path, *overrides)
+
+
+def test_heterogeneous_on_a_single_model_draws_from_the_default_family(tmp_path):
+    algo = experiment(tmp_path, "algorithm=fedhenn", "algorithm.variant=heterogeneous").algorithm
+    assert algo.num_archs == 5

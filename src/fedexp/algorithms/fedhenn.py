@@ -18,6 +18,7 @@ The RAD is re-drawn each round from `server_pool` training samples that no clien
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -47,6 +48,7 @@ from fedexp.core.types import (
     ServerState,
     Weights,
 )
+from fedexp.models.family import default_family as family_factory
 from fedexp.models.family import family_size
 
 ARCH_STREAM = 43  # derive_seed tag of the per-client architecture draw
@@ -65,6 +67,7 @@ def fedhenn(
     rad_size: int = 100,
     rad_source: str = "holdout",
     kernel_weighting: str = "uniform",
+    default_family: str = "cnn_family",
     server_pool: int = 0,  # consumed by fedexp.run before the partition; checked via the data
     **fedavg_kwargs,
 ) -> Algorithm:
@@ -90,10 +93,9 @@ def fedhenn(
                 f"family of {num_archs}; use e.g. model=cnn or algorithm.variant=heterogeneous"
             )
         return FedHeNNHomogeneous(ctx, opts, **fedavg_kwargs)
-    if num_archs is None:
-        raise ConfigError(
-            "model: algorithm.variant=heterogeneous needs a model family (e.g. model=cnn_family)"
-        )
+    if num_archs is None:  # one architecture chosen: draw clients' models from the default family
+        ctx = replace(ctx, model_factory=family_factory(default_family, ctx.model_args))
+        num_archs = family_size(ctx.model_factory)
     return FedHeNNHeterogeneous(ctx, opts, num_archs)
 
 

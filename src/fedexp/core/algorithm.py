@@ -6,7 +6,7 @@ The round loop only moves messages; what a payload or an upload *is* belongs to 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -28,6 +28,7 @@ class BuildContext:
     device: torch.device
     seed: int
     store: ClientStore
+    model_args: dict = field(default_factory=dict)  # data-derived factory args (input_shape...)
 
 
 class Algorithm:

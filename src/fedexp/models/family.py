@@ -7,6 +7,7 @@ A family factory takes `(input_shape, num_classes, arch=i, num_archs=N, ...)`; i
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 from torch import nn
@@ -23,6 +24,22 @@ def family_size(factory: Callable) -> int | None:
     keywords = getattr(factory, "keywords", None) or {}
     size = keywords.get("num_archs")
     return None if size is None else int(size)
+
+
+def default_family(name: str, data_args: dict) -> Callable:
+    """The family `conf/model/<name>.yaml`, bound to the data's model arguments.
+
+    Lets a heterogeneous algorithm run on the defaults when the chosen model is one architecture.
+    """
+    from omegaconf import OmegaConf
+
+    from fedexp.__main__ import find_conf
+    from fedexp.core.config import build
+
+    path = Path(find_conf()) / "model" / f"{name}.yaml"
+    if not path.exists():
+        raise ConfigError(f"algorithm.default_family: no model config {name!r}")
+    return build(OmegaConf.load(path), **data_args)
 
 
 def family_layouts(num_archs: int, layouts: tuple = CNN_FAMILY_LAYOUTS) -> list:
