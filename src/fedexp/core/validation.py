@@ -81,7 +81,11 @@ def target(cfg: DictConfig, key: str) -> Any | None:
     try:
         return get_object(name)
     except Exception as err:
-        raise ConfigError(f"{key}._target_: cannot import {name!r} ({err})") from None
+        cause = err.__cause__ or err  # Hydra wraps the real error in a multi-line ImportError
+        reason = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+        raise ConfigError(
+            f"{key}._target_: cannot import {name!r} ({type(cause).__name__}: {reason})"
+        ) from None
 
 
 def components(cfg: DictConfig) -> Iterator[tuple[str, Any]]:
