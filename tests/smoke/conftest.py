@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 from pathlib import Path
@@ -14,6 +15,20 @@ from hydra.core.global_hydra import GlobalHydra
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE_DIR = Path(__file__).resolve().parent
+
+
+@pytest.fixture(autouse=True)
+def restore_root_logging():
+    """The CLI run in-process (Hydra, resume) configures root logging; undo it after a test so
+    no handler outlives its captured stream or its deleted run dir."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        if handler not in handlers:
+            root.removeHandler(handler)
+            handler.close()
+    root.setLevel(level)
 
 
 @pytest.fixture
