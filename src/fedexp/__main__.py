@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -79,24 +80,38 @@ def _progress(total: int):
 
 @hydra.main(version_base="1.3", config_path=find_conf(), config_name="config")
 def app(cfg: DictConfig) -> float | None:
-    from fedexp.run import Experiment
-
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     choices = {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra")}
     multirun = hc.mode == RunMode.MULTIRUN
+    group = Path(hc.sweep.dir).name if multirun else None
+    return execute(cfg, run_dir, choices, multirun=multirun, group=group)
+
+
+def execute(
+    cfg: DictConfig,
+    run_dir: Path,
+    choices: dict,
+    *,
+    multirun: bool,
+    group: str | None,
+    resume: bool = False,
+) -> float | None:
+    """Build, run and report one job; returns the `objective` metric (None if diverged)."""
+    from fedexp.run import Experiment
+
     try:
-        experiment = Experiment(cfg, run_dir)
+        experiment = Experiment(cfg, run_dir, resume=resume)
     except ConfigError as err:
         print(f"fedexp: error: {err}", file=sys.stderr)
         logging.shutdown()
-        if not multirun:
+        if not multirun and not resume:
             shutil.rmtree(run_dir, ignore_errors=True)  # nothing half-written
         sys.exit(EXIT_CONFIG)
     loggers = [instantiate_logger(c, run_dir) for c in (cfg.logger or {}).values()]
     name = f"{choices.get('algorithm')}-{choices.get('dataset')}-s{cfg.seed}"
-    group = Path(hc.sweep.dir).name if multirun else None
     for logger in loggers:
+        experiment.restore_logger(logger)  # on resume: W&B continues the same run id
         logger.start(OmegaConf.to_container(cfg, resolve=True), name, group)
     bar, on_round = _progress(cfg.rounds) if cfg.progress else (None, None)
     if bar is not None:
@@ -106,12 +121,58 @@ def app(cfg: DictConfig) -> float | None:
         summary = experiment.run(loggers, None, choices)
     print_table(summary, choices)
     print(f"run dir: {run_dir}")
+    if summary["status"] == "interrupted":
+        print(
+            f"fedexp: stopped after round {summary['rounds_completed']}; continue with: "
+            f"python -m fedexp resume={run_dir}",
+            file=sys.stderr,
+        )
+        sys.exit(128 + signal.Signals[summary["stop_signal"]].value)
     if summary["status"] == "diverged":
         print(f"fedexp: run diverged at round {summary['diverged_round']}", file=sys.stderr)
         if not multirun:
             sys.exit(EXIT_DIVERGED)
-        return None
-    return summary["metrics"].get(cfg.get("objective", "eval/global/acc"))
+        return None  # a sweeper records a failed trial and goes on with the other jobs
+    objective = summary["metrics"].get(cfg.get("objective", "eval/global/acc"))
+    if objective is None:
+        logging.getLogger(__name__).warning(
+            "objective %s is not among the final metrics", cfg.get("objective")
+        )
+    return objective
+
+
+def resume_main(args: list[str]) -> None:
+    """`python -m fedexp resume=<run dir> [device=... progress=... checkpoint_every=...]`."""
+    from fedexp.core.checkpoint import load_run_config
+
+    run_dir, overrides = None, []
+    for arg in args:
+        key, _, value = arg.lstrip("+").partition("=")
+        if key == "resume":
+            run_dir = Path(value).resolve()
+        else:
+            overrides.append(arg)
+    try:
+        if "-m" in overrides or "--multirun" in overrides:
+            raise ConfigError("resume: resume one run dir at a time (no -m)")
+        cfg, choices, group = load_run_config(run_dir, overrides)
+    except ConfigError as err:
+        print(f"fedexp: error: {err}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
+    # the log Hydra started in the run dir goes on; Hydra itself is not involved in a resume
+    logging.basicConfig(
+        level=logging.INFO,
+        format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s",
+        handlers=[logging.StreamHandler(), logging.FileHandler(run_dir / "__main__.log")],
+    )
+    execute(cfg, run_dir, choices, multirun=False, group=group, resume=True)
+
+
+def _resume_requested(args: list[str]) -> bool:
+    return any(
+        a.lstrip("+").startswith("resume=") and a.partition("=")[2] not in ("", "null")
+        for a in args
+    )
 
 
 def instantiate_logger(node, run_dir: Path):
@@ -121,7 +182,10 @@ def instantiate_logger(node, run_dir: Path):
 
 
 def main() -> None:
-    app()
+    if _resume_requested(sys.argv[1:]):
+        resume_main(sys.argv[1:])
+    else:
+        app()
 
 
 if __name__ == "__main__":

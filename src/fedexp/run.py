@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import time
 from functools import partial
 from pathlib import Path
@@ -13,11 +14,21 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from fedexp.core.algorithm import BuildContext
+from fedexp.core.checkpoint import (
+    CHECKPOINT_FILE,
+    Checkpointer,
+    Interrupted,
+    config_hash,
+    load_checkpoint,
+    restore_logger,
+    truncate_metric_logs,
+)
 from fedexp.core.client import OPTIMIZERS
 from fedexp.core.client_store import ClientStore
 from fedexp.core.config import build
 from fedexp.core.orchestrator import Orchestrator
 from fedexp.core.types import ConfigError, Diverged
+from fedexp.core.validation import validate_config, validate_data
 from fedexp.data.federated import FederatedData
 from fedexp.data.partition import class_counts, partition_dataset
 from fedexp.loggers.files import RunRecorder
@@ -117,15 +128,26 @@ def reserve_server_pool(dataset, size: int, seed: int):
 
 
 class Experiment:
-    """Everything one run needs, built and checked before the first round."""
+    """Everything one run needs, built and checked before the first round.
 
-    def __init__(self, cfg: DictConfig, run_dir: str | Path):
+    With `resume=True` the run dir's checkpoint is loaded and checked here (a bad one is a
+    ConfigError before anything is built) and `run` continues from it.
+    """
+
+    def __init__(self, cfg: DictConfig, run_dir: str | Path, resume: bool = False):
         validate(cfg)
+        validate_config(cfg)  # cross-component checks declared by the components themselves
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.device = resolve_device(cfg.device)
+        self.checkpoint = (
+            load_checkpoint(self.run_dir / CHECKPOINT_FILE, config_hash(cfg), self.device)
+            if resume
+            else None
+        )
         torch.manual_seed(cfg.seed)
         self.data = build_data(cfg, self.device)
+        validate_data(cfg, self.data)  # checks that need data facts (input shape, classes)
         factory = build(cfg.model)
         # a model factory takes (input_shape, num_classes, **dataset.model_kwargs); a model
         # *family* (heterogeneous clients) also takes `arch` in range(model.num_archs)
@@ -168,12 +190,26 @@ class Experiment:
         path.write_text("\n".join([header, *rows]) + "\n")
         return path
 
+    def restore_logger(self, logger) -> None:
+        """On resume, hand a logger its saved state (W&B run id) before it starts."""
+        restore_logger(logger, self.checkpoint)
+
     def run(self, loggers: list, on_round=None, choices: dict | None = None) -> dict[str, Any]:
         cfg = self.cfg
         recorder = RunRecorder(self.run_dir)
         stats = self.write_partition_stats()
         for logger in loggers:
             logger.log_artifact(stats, "partition/class_counts")
+        components = {"attack": self.attack, "executor": self.executor}
+        components.update({f"callback{i}": c for i, c in enumerate(self.callbacks)})
+        checkpointer = Checkpointer(
+            self.run_dir,
+            int(cfg.get("checkpoint_every", 0) or 0),
+            cfg,
+            self.store,
+            components,
+            loggers,
+        )
         orch = Orchestrator(
             self.algorithm,
             self.executor,
@@ -186,20 +222,34 @@ class Experiment:
             loggers=[recorder, *loggers],
             on_round=on_round,
             callbacks=self.callbacks,
+            after_round=checkpointer.after_round,
         )
+        state, start_round = None, 1
+        if self.checkpoint is not None:
+            # rounds logged after the checkpoint are run (and logged) again
+            truncate_metric_logs(self.run_dir, int(self.checkpoint["round"]))
+            state, start_round = checkpointer.restore(self.checkpoint, orch, self.algorithm)
+            log.info("resuming after round %d", start_round - 1)
         start = time.perf_counter()
-        status, diverged_round = "completed", None
-        try:
-            orch.run()
-        except Diverged as err:
-            status, diverged_round = "diverged", err.round_idx
-            log.error("%s", err)
+        status, diverged_round, stop_signal = "completed", None, None
+        with checkpointer.signals.installed():
+            try:
+                orch.run(state, start_round)
+            except Diverged as err:  # the last good checkpoint (if any) stays as it is
+                status, diverged_round = "diverged", err.round_idx
+                log.error("%s", err)
+            except Interrupted as err:
+                status, stop_signal = "interrupted", signal.Signals(err.signum).name
+                log.warning("%s; resume with: python -m fedexp resume=%s", err, self.run_dir)
         wall = time.perf_counter() - start
         final = {k: v for k, v in orch.last_eval.items() if not k.startswith("time/")}
         summary = {
             "status": status,
-            "rounds_completed": orch.round if status == "completed" else (diverged_round or 1) - 1,
+            "rounds_completed": orch.round if status != "diverged" else (diverged_round or 1) - 1,
             "diverged_round": diverged_round,
+            "stop_signal": stop_signal,
+            "checkpoint_round": checkpointer.saved_round,
+            "resumed_from_round": start_round - 1 if self.checkpoint is not None else None,
             "metrics": final,
             "client_acc": orch.client_accs,
             "describe": {**self.algorithm.describe(), **self.attack.describe()},

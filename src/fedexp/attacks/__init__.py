@@ -24,3 +24,10 @@ class NoAttack:
 
     def describe(self) -> dict:
         return {}
+
+    def state_dict(self) -> dict:
+        """State that changes during training (saved in checkpoints); none for most attacks."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what `state_dict` returned (on resume)."""

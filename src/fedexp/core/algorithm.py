@@ -78,6 +78,14 @@ class Algorithm:
         """Client `client_id`'s own model, or None where the algorithm has none."""
         return None
 
+    def on_resume(self, state: ServerState) -> None:
+        """After a resume, rebuild caches that depend on the restored `state` (none by default).
+
+        A resumed run calls `init_state()` first, as a fresh run does, then replaces the state
+        with the checkpointed one and calls this. Server state that determines the future must
+        live in `state`, per-client state in `self.store`: both are checkpointed, nothing else.
+        """
+
     def state_is_finite(self, state: ServerState) -> bool:
         return state.params is None or bool(torch.isfinite(state.params).all())
 

@@ -31,6 +31,7 @@ class Orchestrator:
         loggers: Sequence = (),
         on_round: Callable[[int, dict], None] | None = None,
         callbacks: Sequence = (),
+        after_round: Callable[[Orchestrator, int], None] | None = None,
     ):
         self.algorithm = algorithm
         self.executor = executor
@@ -43,6 +44,8 @@ class Orchestrator:
         self.loggers = list(loggers)
         self.on_round = on_round
         self.callbacks = list(callbacks)
+        # called once a round is complete and logged (checkpointing; may raise to stop the run)
+        self.after_round = after_round
         self.train_data = attack.wrap_data(data)
         self.totals = {"comm/up_bits_total": 0, "comm/down_bits_total": 0}
         self.train_seconds = 0.0  # summed round times (local training + aggregation)
@@ -101,4 +104,21 @@ class Orchestrator:
                     logger.log_metrics(metrics, step=t)
             if self.on_round is not None:
                 self.on_round(t, metrics)
+            if self.after_round is not None:
+                self.after_round(self, t)
         return self.last_eval
+
+    def state_dict(self) -> dict:
+        """The loop's own running state (comm totals, last round and evaluation) for resume."""
+        return {
+            "round": self.round,
+            "totals": dict(self.totals),
+            "last_eval": dict(self.last_eval),
+            "client_accs": dict(self.client_accs),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.round = int(state["round"])
+        self.totals = dict(state["totals"])
+        self.last_eval = dict(state["last_eval"])
+        self.client_accs = dict(state["client_accs"])

@@ -44,6 +44,9 @@ class CSVLogger:
     def __init__(self, run_dir: str | Path):
         self.path = Path(run_dir) / "metrics.csv"
         self.fields: list[str] | None = None
+        if self.path.exists() and self.path.stat().st_size:  # a resumed run appends rows
+            with self.path.open(newline="") as f:
+                self.fields = next(csv.reader(f), None)
 
     def start(self, config: dict, run_name: str, group: str | None) -> None:
         pass

@@ -25,6 +25,15 @@ class WandbLogger:
         self.project, self.entity, self.tags = project, entity, list(tags or [])
         self.mode = mode or os.environ.get("WANDB_MODE") or self._default_mode()
         self.run = None
+        self.resume_id: str | None = None  # set on resume: continue this W&B run
+
+    def state_dict(self) -> dict:
+        """The W&B run id, saved in checkpoints so a resumed run continues the same W&B run."""
+        run_id = getattr(self.run, "id", None) or self.resume_id
+        return {"run_id": run_id} if run_id else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.resume_id = state.get("run_id")
 
     @staticmethod
     def _default_mode() -> str:
@@ -56,6 +65,8 @@ class WandbLogger:
                 group=group,
                 tags=self.tags,
                 reinit="finish_previous",
+                # rounds re-run after the checkpoint are logged again with the same values
+                **({"id": self.resume_id, "resume": "allow"} if self.resume_id else {}),
             )
 
         self.run = self._guard("init", _init)

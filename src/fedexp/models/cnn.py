@@ -5,7 +5,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fedexp.core.types import ConfigError
+from fedexp.core.validation import with_checks
 from fedexp.models.mlp import BodyHead
+
+
+def needs_images(cfg, data) -> None:
+    """Convolutional models take (channels, height, width) inputs."""
+    if len(data.input_shape) != 3:
+        raise ConfigError(
+            f"model: {cfg.model._target_} needs image inputs (channels, height, width); "
+            f"this dataset gives vectors of shape {tuple(data.input_shape)}; use model=mlp"
+        )
 
 
 def _flat_size(body: nn.Module, input_shape: tuple[int, ...]) -> int:
@@ -13,6 +24,7 @@ def _flat_size(body: nn.Module, input_shape: tuple[int, ...]) -> int:
         return body(torch.zeros(1, *input_shape)).shape[1]
 
 
+@with_checks(data=needs_images)
 def cnn(
     input_shape: tuple[int, ...],
     num_classes: int,
@@ -40,6 +52,7 @@ def cnn(
     return BodyHead(body, nn.Linear(hidden[1], num_classes))
 
 
+@with_checks(data=needs_images)
 def lenet5(input_shape: tuple[int, ...], num_classes: int):
     """LeNet-5 (LeCun et al., 1998): conv 6@5x5, pool, conv 16@5x5, pool, FC 120, 84, classes.
 

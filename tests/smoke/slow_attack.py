@@ -1,0 +1,17 @@
+"""Test-only component: an honest 'attack' that sleeps each round, so a test can kill a run
+mid-way deterministically. It changes no result (every client stays honest)."""
+
+from __future__ import annotations
+
+import time
+
+from fedexp.attacks import NoAttack
+
+
+class SleepEachRound(NoAttack):
+    def __init__(self, seconds: float = 0.2):
+        self.seconds = seconds
+
+    def apply(self, results, ctx):
+        time.sleep(self.seconds)
+        return list(results)

@@ -1,0 +1,28 @@
+"""The report on a real 2-algorithm x 2-seed multirun: Markdown with mean ± std and PNGs."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+
+def test_report_of_a_two_algorithm_two_seed_multirun(tmp_path, monkeypatch, capsys):
+    from fedexp.__main__ import main as fedexp_main
+    from fedexp.report import main as report_main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FEDEXP_CACHE_DIR", str(tmp_path / "cache"))
+    torch.set_num_threads(1)
+    sweep = ["-m", "debug=smoke", "algorithm=fedavg,fedprox", "seed=0,1", "hydra.sweep.dir=sweep"]
+    monkeypatch.setattr(sys, "argv", ["fedexp", *sweep])
+    fedexp_main()
+    assert report_main(["sweep"]) == 0
+    md = (tmp_path / "sweep" / "report" / "report.md").read_text()
+    assert "4 runs in 2 groups" in md and "Groups differ in: `algorithm`" in md
+    rows = [line for line in md.splitlines() if line.startswith("| algorithm=")]
+    assert rows[0].startswith("| algorithm=fedavg | 2 | 2 ± 0 | ")
+    assert rows[1].startswith("| algorithm=fedprox | 2 | 2 ± 0 | ")
+    assert all(" ± " in cell for cell in rows[0].split("|")[4:-1])  # every metric is mean ± std
+    for png in ("acc_vs_round", "client_acc_box", "acc_vs_comm"):
+        assert (tmp_path / "sweep" / "report" / f"{png}.png").read_bytes()[:4] == b"\x89PNG"

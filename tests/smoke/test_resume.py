@@ -1,0 +1,205 @@
+"""Exact resume: a run stopped (SIGTERM, or killed) and resumed ends exactly where an
+uninterrupted run with the same seed ends."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from fedexp.core.checkpoint import CHECKPOINT_FILE
+from fedexp.core.types import ConfigError
+from fedexp.loggers.files import CSVLogger
+
+REPO = Path(__file__).resolve().parents[2]
+ALGORITHMS = sorted(p.stem for p in (REPO / "conf" / "algorithm").glob("*.yaml"))
+BASE = ("rounds=3", "eval_every=1", "checkpoint_every=0")
+
+
+def reference(compose_cfg, lifecycle, tmp_path, *overrides):
+    cfg = compose_cfg(*BASE, *overrides)
+    summary = lifecycle.run(cfg, tmp_path / "reference")
+    return cfg, summary
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_sigterm_then_resume_matches_an_uninterrupted_run(
+    compose_cfg, lifecycle, tmp_path, algorithm
+):
+    # every algorithm YAML is covered: server state and client store are all a resume restores
+    try:
+        cfg, ref = reference(compose_cfg, lifecycle, tmp_path, f"algorithm={algorithm}")
+    except ConfigError as err:
+        pytest.skip(f"{algorithm} needs more than debug=smoke on digits: {err}")
+    run_dir = tmp_path / "stopped"
+    stopped = lifecycle.run(cfg, run_dir, callbacks=[lifecycle.SignalAfter(2)])
+    assert stopped["status"] == "interrupted" and stopped["stop_signal"] == "SIGTERM"
+    assert stopped["rounds_completed"] == 2 and stopped["checkpoint_round"] == 2
+    resumed = lifecycle.run(cfg, run_dir, resume=True)
+    assert resumed["status"] == "completed" and resumed["resumed_from_round"] == 2
+    assert lifecycle.final(resumed) == lifecycle.final(ref)
+    assert resumed["client_acc"] == ref["client_acc"]
+    assert lifecycle.rows(run_dir) == lifecycle.rows(tmp_path / "reference")
+
+
+def test_resume_from_a_periodic_checkpoint_drops_rounds_logged_after_it(
+    compose_cfg, lifecycle, tmp_path
+):
+    # what a kill after round 3 leaves: a checkpoint of round 2, rows 1..3, no summary
+    cfg = compose_cfg(*BASE, "checkpoint_every=2")
+    run_dir = tmp_path / "reference"
+    ref = lifecycle.run(cfg, run_dir, loggers=[CSVLogger(run_dir)])
+    payload = torch.load(run_dir / CHECKPOINT_FILE, weights_only=True)
+    assert payload["round"] == 2 and ref["checkpoint_round"] == 2
+    rows = lifecycle.rows(run_dir)
+    (run_dir / "summary.json").unlink()
+    with (run_dir / "metrics.jsonl").open("a") as f:
+        f.write('{"round": 4, "train/lo')  # a line half-written when the process died
+    resumed = lifecycle.run(cfg, run_dir, resume=True, loggers=[CSVLogger(run_dir)])
+    assert [r["round"] for r in lifecycle.rows(run_dir)] == [1, 2, 3]
+    assert lifecycle.rows(run_dir) == rows
+    assert lifecycle.final(resumed) == lifecycle.final(ref)
+    csv_rounds = [line.split(",")[0] for line in (run_dir / "metrics.csv").read_text().splitlines()]
+    assert csv_rounds == ["round", "1", "2", "3"]
+
+
+def test_a_checkpoint_of_another_config_is_refused(compose_cfg, lifecycle, tmp_path):
+    cfg, _ = reference(compose_cfg, lifecycle, tmp_path, "checkpoint_every=2")
+    other = compose_cfg(*BASE, "checkpoint_every=2", "client.lr=0.1")
+    with pytest.raises(ConfigError, match="config hash mismatch") as err:
+        lifecycle.run(other, tmp_path / "reference", resume=True)
+    assert "\n" not in str(err.value)
+
+
+def test_the_wandb_run_id_survives_a_resume(compose_cfg, lifecycle, tmp_path, monkeypatch):
+    from fedexp.loggers.wandb_logger import WandbLogger
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = compose_cfg(*BASE)
+    run_dir = tmp_path / "w"
+    first = WandbLogger(run_dir, mode="offline")
+    lifecycle.run(cfg, run_dir, callbacks=[lifecycle.SignalAfter(1)], loggers=[first])
+    saved = torch.load(run_dir / CHECKPOINT_FILE, weights_only=True)["loggers"]
+    run_id = saved["WandbLogger"]["run_id"]
+    second = WandbLogger(run_dir, mode="offline")
+    lifecycle.run(cfg, run_dir, resume=True, loggers=[second])
+    assert second.resume_id == run_id
+    runs = sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(name.endswith(run_id) for name in runs)
+
+
+def save_hydra_config(cfg, run_dir: Path) -> None:
+    """What Hydra writes into every run dir, and what `resume=` reads back."""
+    (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
+    (run_dir / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+
+
+def cli_main(monkeypatch, capsys, *args: str) -> tuple[int, str]:
+    """`python -m fedexp args...` in this process: (exit code, stderr)."""
+    from fedexp.__main__ import main
+
+    monkeypatch.setattr(sys, "argv", ["fedexp", *args])
+    code = 0
+    try:
+        main()
+    except SystemExit as exit_:
+        code = exit_.code or 0
+    return code, capsys.readouterr().err
+
+
+def test_resume_on_the_command_line_continues_the_run_in_place(
+    compose_cfg, lifecycle, tmp_path, monkeypatch, capsys
+):
+    cfg, ref = reference(compose_cfg, lifecycle, tmp_path)
+    run_dir = tmp_path / "stopped"
+    save_hydra_config(cfg, run_dir)
+    lifecycle.run(cfg, run_dir, callbacks=[lifecycle.SignalAfter(1, signal.SIGINT)])
+    code, err = cli_main(monkeypatch, capsys, f"resume={run_dir}")
+    assert code == 0, err
+    resumed = json.loads((run_dir / "summary.json").read_text())
+    assert resumed["status"] == "completed" and resumed["resumed_from_round"] == 1
+    assert lifecycle.final(resumed) == lifecycle.final(ref)
+    assert lifecycle.rows(run_dir) == lifecycle.rows(tmp_path / "reference")
+
+
+@pytest.mark.parametrize(
+    ("prepare", "args", "expected"),
+    [
+        ("nothing", (), "is not a run dir (no .hydra/config.yaml)"),
+        ("no_checkpoint", (), "has no checkpoint.pt"),
+        ("completed", (), "already completed all its rounds"),
+        ("corrupt", (), "is not a readable checkpoint"),
+        ("stopped", ("client.lr=1",), "client.lr: a resumed run keeps its config"),
+    ],
+)
+def test_a_bad_resume_is_one_line_and_leaves_the_run_dir_alone(
+    compose_cfg, lifecycle, tmp_path, monkeypatch, capsys, prepare, args, expected
+):
+    cfg = compose_cfg(*BASE)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    if prepare != "nothing":
+        save_hydra_config(cfg, run_dir)
+    if prepare in ("completed", "corrupt", "stopped"):
+        lifecycle.run(cfg, run_dir, callbacks=[lifecycle.SignalAfter(1)])
+    if prepare == "completed":
+        (run_dir / "summary.json").write_text(json.dumps({"status": "completed"}))
+    if prepare == "corrupt":
+        data = (run_dir / CHECKPOINT_FILE).read_bytes()
+        (run_dir / CHECKPOINT_FILE).write_bytes(data[: len(data) // 2])
+    before = {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()}
+    code, err = cli_main(monkeypatch, capsys, f"resume={run_dir}", *args)
+    assert code == 2
+    assert err.startswith("fedexp: error: ") and err.count("\n") == 1 and expected in err
+    after = {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir() if p.name != "__main__.log"}
+    assert after == before  # nothing removed, nothing rewritten
+
+
+@pytest.mark.slow
+def test_sigkill_mid_run_then_resume_gives_the_same_final_metrics(cli, lifecycle):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    overrides = ["debug=smoke", "rounds=8", "eval_every=1", "checkpoint_every=3", "seed=3"]
+    one_thread = {"OMP_NUM_THREADS": "1"}  # same thread count in all three processes
+    cli(*overrides, "hydra.run.dir=ref", env=one_thread)
+    env = dict(os.environ, WANDB_MODE="offline", FEDEXP_CACHE_DIR=str(cli.cwd / "cache"))
+    env.update(one_thread)
+    env["PYTHONPATH"] = os.pathsep.join([str(lifecycle.repo / "src"), str(lifecycle.smoke_dir)])
+    slow = ["attack._target_=slow_attack.SleepEachRound", "+attack.seconds=0.4"]
+    args = [sys.executable, "-m", "fedexp", *overrides, *slow, "hydra.run.dir=killed"]
+    proc = subprocess.Popen(args, cwd=cli.cwd, env=env, stdout=subprocess.DEVNULL)
+    run_dir = cli.cwd / "killed"
+    deadline = time.monotonic() + 300
+    # kill after the round-3 checkpoint and at least one more logged round
+    while time.monotonic() < deadline and proc.poll() is None:
+        log = run_dir / "metrics.jsonl"
+        rows = log.read_text().splitlines() if log.exists() else []
+        if (run_dir / CHECKPOINT_FILE).exists() and len(rows) >= 4:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (run_dir / "summary.json").exists()
+    resumed = subprocess.run(
+        [sys.executable, "-m", "fedexp", f"resume={run_dir}"],
+        cwd=cli.cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    ref, got = (json.loads((cli.cwd / d / "summary.json").read_text()) for d in ("ref", "killed"))
+    assert got["status"] == "completed" and got["resumed_from_round"] in (3, 6)
+    assert lifecycle.final(got) == lifecycle.final(ref)
+    assert got["client_acc"] == ref["client_acc"]
+    assert lifecycle.rows(run_dir) == lifecycle.rows(cli.cwd / "ref")

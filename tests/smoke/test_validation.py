@@ -1,0 +1,128 @@
+"""Every incompatible configuration stops before training with one line and exit code 2, and
+leaves no run dir behind. Add a row to BAD_CONFIGS for every new check."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from fedexp.core.types import ConfigError
+from fedexp.core.validation import config_rule, validate_config, with_checks
+
+# (overrides, a substring of the one-line message)
+BAD_CONFIGS: list[tuple[tuple[str, ...], str]] = [
+    (("partition=natural",), "partition: natural split needs a dataset with client ids"),
+    (("dataset=synthetic", "model=lenet5"), "model: fedexp.models.cnn.lenet5 needs image inputs"),
+    (("dataset=synthetic", "model=cnn"), "model: fedexp.models.cnn.cnn needs image inputs"),
+    (("dataset=cifar10",), "dataset.data_dir: CIFAR-10 not found"),
+    (("partition.classes_per_client=11",), "partition.classes_per_client: 11 exceeds"),
+    (("partition.name=bogus",), "partition.name: unknown scheme 'bogus'"),
+    (("clients_per_round=50",), "clients_per_round: must be in [1, num_clients=6]"),
+    (("client.lr=-1",), "client.lr: must be > 0"),
+    (("algorithm=fedprox", "algorithm.mu=-1"), "algorithm.mu: must be >= 0"),
+    (("algorithm._target_=fedexp.algorithms.nope.Nope",), "algorithm._target_: cannot import"),
+    (("checkpoint_every=-1",), "checkpoint_every: must be an integer >= 0"),
+    (("objective=accuracy",), "objective: must be a metric name"),
+]
+
+
+def cli_in_process(tmp_path, monkeypatch, capsys, *overrides) -> tuple[int, str]:
+    """`python -m fedexp debug=smoke overrides...` in this process: (exit code, stderr)."""
+    from fedexp.__main__ import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FEDEXP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("FEDEXP_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setattr(sys, "argv", ["fedexp", "debug=smoke", *overrides])
+    code = 0
+    try:
+        main()
+    except SystemExit as exit_:
+        code = exit_.code or 0
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("overrides", "expected"), BAD_CONFIGS)
+def test_bad_config_is_one_line_exit_2_and_no_run_dir(
+    tmp_path, monkeypatch, capsys, overrides, expected
+):
+    code, err = cli_in_process(tmp_path, monkeypatch, capsys, *overrides)
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines == [lines[0]] and lines[0].startswith("fedexp: error: ")
+    assert expected in lines[0], lines[0]
+    assert not list((tmp_path / "outputs").rglob(".hydra"))  # no run dir left behind
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("overrides", "expected"), BAD_CONFIGS)
+def test_the_same_through_a_real_process(tmp_path, overrides, expected):
+    env = dict(os.environ, FEDEXP_CACHE_DIR=str(tmp_path / "c"), OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2] / "src")
+    proc = subprocess.run(
+        [sys.executable, "-m", "fedexp", "debug=smoke", *overrides],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    assert expected in proc.stderr
+    assert not list((tmp_path / "outputs").rglob(".hydra"))
+
+
+# ---- the registry itself -------------------------------------------------------------------------
+class NeedsEvenRounds:
+    """A stand-in component class declaring its own check."""
+
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        if cfg.rounds % 2:
+            raise ConfigError(f"rounds: NeedsEvenRounds needs an even number, got {cfg.rounds}")
+
+
+def _no_digits(cfg) -> None:
+    raise ConfigError("dataset: this factory refuses every dataset")
+
+
+@with_checks(config=_no_digits)
+def picky_factory(input_shape, num_classes):
+    """A stand-in model factory declaring a check."""
+
+
+def config_with(**nodes):
+    base = {"rounds": 3, "partition": {"name": "iid"}, "checkpoint_every": 0}
+    return OmegaConf.create({**base, **nodes})
+
+
+def test_a_component_class_declares_its_check():
+    name = f"{__name__}.NeedsEvenRounds"
+    with pytest.raises(ConfigError, match="rounds: NeedsEvenRounds needs an even number, got 3"):
+        validate_config(config_with(algorithm={"_target_": name}))
+    validate_config(config_with(algorithm={"_target_": name}, rounds=4))
+
+
+def test_a_function_component_declares_its_check_with_with_checks():
+    node = {"_target_": f"{__name__}.picky_factory", "_partial_": True}
+    with pytest.raises(ConfigError, match="this factory refuses"):
+        validate_config(config_with(model=node))
+
+
+def test_a_registered_rule_runs_on_every_config(monkeypatch):
+    from fedexp.core import validation
+
+    monkeypatch.setattr(validation, "CONFIG_RULES", list(validation.CONFIG_RULES))
+
+    @config_rule
+    def no_three_rounds(cfg):
+        if cfg.rounds == 3:
+            raise ConfigError("rounds: not 3")
+
+    with pytest.raises(ConfigError, match="rounds: not 3"):
+        validate_config(config_with())
