@@ -229,13 +229,16 @@ class WAFFLe(FedAvg):
         return super().client_end(module, client_id, payload)  # the dictionary's change only
 
     # ---- evaluation ------------------------------------------------------------------------
+    def load_posterior(self, variational: torch.Tensor) -> IBPPosterior:
+        """`eval_posterior` holding a client's flat {π̃, c, d}."""
+        load_flat(list(self.eval_posterior.parameters()), variational)
+        return self.eval_posterior
+
     def masks(self, variational: torch.Tensor | None) -> list[torch.Tensor] | None:
         """Evaluation b per layer from a client's posterior; None (all factors) for `all`."""
         if variational is None and self.unseen_mask == "all":
             return None
-        if variational is None:
-            variational = self.prior_variational
-        load_flat(list(self.eval_posterior.parameters()), variational)
+        self.load_posterior(self.prior_variational if variational is None else variational)
         return self.eval_posterior.layer_masks(self.eval_posterior.eval_mask(self.eval_mask))
 
     def _with_dictionary(self, dictionary: torch.Tensor, variational) -> nn.Module:
