@@ -30,7 +30,7 @@ from torch import nn
 
 from fedexp.algorithms.fedavg import FedAvg
 from fedexp.core.algorithm import BuildContext, flat_params, load_flat
-from fedexp.core.client import ClientModule, Phase, build_optimizer
+from fedexp.core.client import ClientModule, JointOptimizer, Phase, build_optimizer
 from fedexp.core.types import FLOAT_BITS, ConfigError, Message, RoundContext, ServerState
 from fedexp.models.factorized import (
     IBPPosterior,
@@ -43,6 +43,7 @@ from fedexp.models.factorized import (
 
 EVAL_MASKS = ("threshold", "mean")
 UNSEEN_MASKS = ("prior", "all")
+OPTIMIZERS = ("adam", "sgd")
 
 
 @dataclass(frozen=True)
@@ -103,26 +104,8 @@ class WaffleModule(ClientModule):
         # weights' (each factor is a small part of the output), so plain SGD leaves them at the
         # prior and no client ever personalises
         lr = self.variational_lr or self.client_cfg.lr
-        if self.variational_optimizer == "adam":
-            post_opt = torch.optim.Adam(post, lr=lr)
-        else:
-            post_opt = torch.optim.SGD(post, lr=lr)
-        return JointOptimizer(build_optimizer(model, self.client_cfg), post_opt)
-
-
-class JointOptimizer:
-    """Several optimizers stepped as one (the executor drives a single optimizer)."""
-
-    def __init__(self, *optimizers: torch.optim.Optimizer):
-        self.optimizers = optimizers
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for optimizer in self.optimizers:
-            optimizer.zero_grad(set_to_none=set_to_none)
-
-    def step(self) -> None:
-        for optimizer in self.optimizers:
-            optimizer.step()
+        optimizer = torch.optim.Adam if self.variational_optimizer == "adam" else torch.optim.SGD
+        return JointOptimizer(build_optimizer(model, self.client_cfg), optimizer(post, lr=lr))
 
 
 class WAFFLe(FedAvg):
@@ -138,7 +121,7 @@ class WAFFLe(FedAvg):
         tau_anneal_rounds: int = 100,
         mc_samples: int = 1,
         kl_weight: float = 1.0,
-        variational_lr: float | None = 0.01,
+        variational_lr: float | None = 0.05,
         variational_optimizer: str = "adam",
         eval_mask: str = "threshold",
         unseen_mask: str = "prior",
@@ -152,12 +135,8 @@ class WAFFLe(FedAvg):
             (tau_anneal_rounds >= 1, "tau_anneal_rounds", "must be >= 1"),
             (mc_samples >= 1, "mc_samples", f"must be >= 1, got {mc_samples}"),
             (kl_weight >= 0, "kl_weight", f"must be >= 0, got {kl_weight}"),
-            (variational_lr is None or variational_lr > 0, "variational_lr", "must be > 0"),
-            (
-                variational_optimizer in ("adam", "sgd"),
-                "variational_optimizer",
-                f"must be adam or sgd, got {variational_optimizer!r}",
-            ),
+            (variational_lr is None or variational_lr > 0, "variational_lr", "must be > 0 or null"),
+            (variational_optimizer in OPTIMIZERS, "variational_optimizer", f"one of {OPTIMIZERS}"),
             (eval_mask in EVAL_MASKS, "eval_mask", f"must be one of {EVAL_MASKS}"),
             (unseen_mask in UNSEEN_MASKS, "unseen_mask", f"must be one of {UNSEEN_MASKS}"),
         ]
