@@ -9,7 +9,7 @@ from torch import nn
 
 from fedexp.metrics.mia import attack_accuracy, attack_features, fit_attack
 
-DIM, CLASSES, N = 20, 10, 100
+DIM, CLASSES, N = 20, 10, 60
 
 
 def data(seed: int):
@@ -25,7 +25,7 @@ def model(seed: int) -> nn.Module:
 def overfit(net: nn.Module, x, y) -> nn.Module:
     """Memorise random labels: what membership inference feeds on."""
     opt = torch.optim.Adam(net.parameters(), lr=0.01)
-    for _ in range(150):
+    for _ in range(80):
         opt.zero_grad()
         F.cross_entropy(net(x), y).backward()
         opt.step()

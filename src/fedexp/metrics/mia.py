@@ -50,6 +50,7 @@ def fit_attack(members: np.ndarray, non_members: np.ndarray, kind: str, seed: in
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
+    from threadpoolctl import threadpool_limits
 
     x = np.concatenate([members, non_members])
     y = np.concatenate([np.ones(len(members)), np.zeros(len(non_members))])
@@ -57,7 +58,8 @@ def fit_attack(members: np.ndarray, non_members: np.ndarray, kind: str, seed: in
         clf = HistGradientBoostingClassifier(max_iter=100, max_depth=3, random_state=seed)
     else:
         clf = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000))
-    return clf.fit(x, y)
+    with threadpool_limits(1):  # a few thousand rows: OpenMP threads only add overhead (5-10x)
+        return clf.fit(x, y)
 
 
 def attack_accuracy(attack, members: np.ndarray, non_members: np.ndarray) -> float:
