@@ -36,10 +36,14 @@ class FedAvg(Algorithm):
         self.weighting = weighting
         self.server_lr = server_lr
         self.server_momentum = server_momentum
-        self.module = self.make_module(ctx.model_factory().to(self.device))
-        self.eval_model = ctx.model_factory().to(self.device)
+        self.module = self.make_module(self.build_model())
+        self.eval_model = self.build_model()
 
     # ---- what is shared ------------------------------------------------------------------------
+    def build_model(self) -> nn.Module:
+        """A fresh model on the device (subclasses may transform the factory's model)."""
+        return self.ctx.model_factory().to(self.device)
+
     def make_module(self, model: nn.Module) -> ClientModule:
         return ClientModule(model, self.ctx.client_cfg)
 
@@ -51,7 +55,7 @@ class FedAvg(Algorithm):
     def init_state(self) -> ServerState:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(self.ctx.seed, INIT))
-            model = self.ctx.model_factory().to(self.device)
+            model = self.build_model()
         load_flat(list(self.module.model.parameters()), flat_params(list(model.parameters())))
         load_flat(list(self.eval_model.parameters()), flat_params(list(model.parameters())))
         return ServerState(params=flat_params(self.shared(model)))
@@ -89,6 +93,11 @@ class FedAvg(Algorithm):
     # ---- evaluation ----------------------------------------------------------------------------
     def global_model(self, state: ServerState) -> nn.Module | None:
         load_flat(self.shared(self.eval_model), state.params)
+        return self.eval_model
+
+    def eavesdropped_model(self, payload: Message, upload: Message) -> nn.Module | None:
+        """The client's local model: the broadcast weights plus the uploaded delta."""
+        load_flat(self.shared(self.eval_model), payload.values + upload.values)
         return self.eval_model
 
     def describe(self) -> dict[str, float]:

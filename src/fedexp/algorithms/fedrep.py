@@ -66,3 +66,9 @@ class FedRep(FedAvg):
         load_flat(self.shared(self.eval_model), state.params)
         load_flat(list(self.eval_model.head.parameters()), self._head(client_id))
         return self.eval_model
+
+    def eavesdropped_model(self, payload: Message, upload: Message) -> nn.Module | None:
+        """The uploaded body with the initial head: the client's own head never travels."""
+        load_flat(self.shared(self.eval_model), payload.values + upload.values)
+        load_flat(list(self.eval_model.head.parameters()), self._initial_head)
+        return self.eval_model

@@ -78,6 +78,12 @@ class Algorithm:
         """Client `client_id`'s own model, or None where the algorithm has none."""
         return None
 
+    def eavesdropped_model(self, payload: Message, upload: Message) -> nn.Module | None:
+        """The model an eavesdropper who sees a round's broadcast `payload` and one client's
+        `upload` can rebuild (for the membership-inference audit), or None where it cannot.
+        The returned module may be reused by the next call: use it before calling again."""
+        return None
+
     def on_resume(self, state: ServerState) -> None:
         """After a resume, rebuild caches that depend on the restored `state` (none by default).
 

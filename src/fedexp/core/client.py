@@ -38,6 +38,22 @@ def build_optimizer(params, client_cfg) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=client_cfg.lr, weight_decay=client_cfg.weight_decay)
 
 
+class JointOptimizer:
+    """Several optimizers stepped as one (executors drive a single optimizer), e.g. SGD for the
+    weights and Adam for variational parameters."""
+
+    def __init__(self, *optimizers: torch.optim.Optimizer):
+        self.optimizers = optimizers
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        for optimizer in self.optimizers:
+            optimizer.step()
+
+
 class ClientModule(L.LightningModule):
     """Local objective of FedAvg: cross-entropy on the client's data. Subclasses add their term."""
 

@@ -30,10 +30,12 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 def distribution(prefix: str, accs: np.ndarray) -> dict[str, float]:
-    """mean/std/min/p10/max of per-client accuracies under `prefix`."""
+    """mean/std/var/min/p10/max of per-client accuracies under `prefix` (var: the fairness
+    measure of WAFFLe and q-FFL, the population variance over clients)."""
     return {
         f"{prefix}/acc_mean": float(accs.mean()),
         f"{prefix}/acc_std": float(accs.std()),
+        f"{prefix}/acc_var": float(accs.var()),
         f"{prefix}/acc_min": float(accs.min()),
         f"{prefix}/acc_p10": float(np.percentile(accs, 10)),
         f"{prefix}/acc_max": float(accs.max()),
@@ -60,6 +62,7 @@ def evaluate(algorithm: Algorithm, state: ServerState, data) -> tuple[dict, dict
         metrics["eval/global/acc"] = accuracy(model, data.test_x, data.test_y)
         accs = np.array([accuracy(model, *data.test(c)) for c in clients])
         metrics["eval/global/client_acc_mean"] = float(accs.mean())
+        metrics["eval/global/client_acc_var"] = float(accs.var())
         per_client["global"] = accs.tolist()
     personal = []
     for c in clients:

@@ -125,11 +125,77 @@ def natural(
     return [np.flatnonzero(client_ids == o) for o in owners]
 
 
-SCHEMES: dict[str, Callable[..., list[np.ndarray]]] = {
+def multimodal(
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    classes_per_client: int = 2,
+    group_ratio: int = 5,
+    majority_classes: list[int] | None = None,
+    minority_classes: list[int] | None = None,
+    samples_per_client: int | None = None,
+    num_classes: int | None = None,
+    **_,
+) -> tuple[list[np.ndarray], list[str]]:
+    """WAFFLe's multimodal non-iid split: two client groups with disjoint class sets.
+
+    round(num_clients / (group_ratio + 1)) clients (chosen at random) form the minority, the
+    rest the majority; by default the majority holds the odd classes and the minority the even
+    ones. Within its group each client holds `classes_per_client` distinct classes, every client
+    the same number of samples (an equal shard per class: `samples_per_client`, or the largest
+    that every class can supply); samples left over are unused. Returns (parts, group labels).
+    """
+    z = classes_per_client
+    classes = np.arange(num_classes) if num_classes is not None else np.unique(labels)
+    major = np.array(
+        [c for c in classes if c % 2 == 1] if majority_classes is None else majority_classes
+    )
+    minor = np.array(
+        [c for c in classes if c % 2 == 0] if minority_classes is None else minority_classes
+    )
+    if set(major.tolist()) & set(minor.tolist()):
+        raise ConfigError("partition.majority_classes: must be disjoint from minority_classes")
+    num_minority = int(round(num_clients / (group_ratio + 1)))
+    if group_ratio < 1 or not 1 <= num_minority < num_clients:
+        raise ConfigError(
+            f"partition.group_ratio: {group_ratio} with {num_clients} clients leaves a group empty"
+        )
+    if z > min(len(major), len(minor)):
+        raise ConfigError(f"partition.classes_per_client: {z} exceeds a group's class count")
+    is_minority = np.zeros(num_clients, dtype=bool)
+    is_minority[rng.choice(num_clients, num_minority, replace=False)] = True
+    # class slots: each group's clients laid over a random order of the group's classes
+    slots: dict[int, list[int]] = {}
+    for group_classes, members in (
+        (major, np.flatnonzero(~is_minority)),
+        (minor, np.flatnonzero(is_minority)),
+    ):
+        order = rng.permutation(group_classes)
+        for pos, client in enumerate(rng.permutation(members)):
+            for j in range(z):
+                slots.setdefault(int(order[(pos * z + j) % len(order)]), []).append(int(client))
+    pools = {c: rng.permutation(np.flatnonzero(labels == c)) for c in slots}
+    largest = min(len(pools[c]) // len(owners) for c, owners in slots.items())
+    shard = largest if samples_per_client is None else samples_per_client // z
+    if shard < 1 or shard > largest:
+        raise ConfigError(
+            f"partition.samples_per_client: {samples_per_client} needs shards of {shard}; "
+            f"the classes allow 1..{largest} per class ({largest * z} per client)"
+        )
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for cls, owners in slots.items():
+        for i, owner in enumerate(owners):
+            parts[owner].append(pools[cls][i * shard : (i + 1) * shard])
+    groups = ["minority" if m else "majority" for m in is_minority]
+    return [np.sort(np.concatenate(p)) for p in parts], groups
+
+
+SCHEMES: dict[str, Callable[..., list[np.ndarray] | tuple[list[np.ndarray], list[str]]]] = {
     "iid": iid,
     "shards": shards,
     "dirichlet": dirichlet,
     "natural": natural,
+    "multimodal": multimodal,
 }
 
 
@@ -205,11 +271,13 @@ def partition_dataset(
     reduce_factor = float(params.pop("reduce_factor", 1.0))
     rng = np.random.default_rng([seed, 4242])
     parts = SCHEMES[scheme](labels, num_clients, rng, client_ids=client_ids, **params)
+    # a scheme with client groups (multimodal) returns (parts, group label per client)
+    parts, groups = parts if isinstance(parts, tuple) else (parts, None)
     train, test = local_split(parts, test_fraction, rng)
     train = reduce_clients(train, reduce_fraction, reduce_factor, seed)
     if min(len(t) for t in train) == 0:
         raise ConfigError(f"num_clients: {num_clients} clients leave some with no training data")
-    partition = Partition(train, test)
+    partition = Partition(train, test, groups)
     if path is not None:
         _save(path, partition)
     return partition
@@ -224,7 +292,8 @@ def _save(path: Path, partition: Partition) -> None:
     tr, tr_off = _pack(partition.train)
     te, te_off = _pack(partition.test)
     tmp = path.with_suffix(".tmp.npz")
-    np.savez(tmp, train=tr, train_off=tr_off, test=te, test_off=te_off)
+    groups = {} if partition.groups is None else {"groups": np.array(partition.groups)}
+    np.savez(tmp, train=tr, train_off=tr_off, test=te, test_off=te_off, **groups)
     tmp.replace(path)
 
 
@@ -234,7 +303,8 @@ def _load(path: Path) -> Partition:
     def unpack(v, off):
         return [v[off[i] : off[i + 1]] for i in range(len(off) - 1)]
 
-    return Partition(unpack(z["train"], z["train_off"]), unpack(z["test"], z["test_off"]))
+    groups = z["groups"].tolist() if "groups" in z.files else None
+    return Partition(unpack(z["train"], z["train_off"]), unpack(z["test"], z["test_off"]), groups)
 
 
 def class_counts(labels: np.ndarray, partition: Partition, num_classes: int) -> np.ndarray:

@@ -1,0 +1,167 @@
+"""WAFFLe's server and client halves on a tiny federation."""
+
+from __future__ import annotations
+
+from functools import partial
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from fedexp.aggregators.mean import weighted_mean
+from fedexp.algorithms.fedavg import FedAvg
+from fedexp.algorithms.waffle import DictionaryPayload, WAFFLe
+from fedexp.core.algorithm import BuildContext, flat_params
+from fedexp.core.client_store import ClientStore
+from fedexp.core.executors import SequentialExecutor
+from fedexp.core.types import ConfigError, RoundContext, Weights
+from fedexp.data.datasets import Dataset
+from fedexp.data.federated import FederatedData
+from fedexp.data.partition import Partition
+from fedexp.models.cnn import lenet5
+from fedexp.models.mlp import mlp
+
+CLIENT = SimpleNamespace(
+    local_epochs=1, batch_size=10, optimizer="sgd", lr=0.1, momentum=0.0, weight_decay=0.0
+)
+
+
+def tiny_federation(num_clients: int = 3, per_client: int = 30, dim: int = 6, classes: int = 3):
+    g = torch.Generator().manual_seed(0)
+    n = num_clients * per_client
+    x, y = torch.randn(n, dim, generator=g), torch.randint(0, classes, (n,), generator=g)
+    parts = np.array_split(np.arange(n), num_clients)
+    cut = int(0.8 * per_client)
+    partition = Partition([p[:cut] for p in parts], [p[cut:] for p in parts])
+    dataset = Dataset("tiny", x, y, x[:20], y[:20], classes, (dim,))
+    return FederatedData(dataset, partition, torch.device("cpu"))
+
+
+def make_ctx(data=None, factory=None, client=CLIENT) -> BuildContext:
+    data = data or tiny_federation()
+    factory = factory or partial(mlp, input_shape=data.input_shape, num_classes=3, hidden=(8,))
+    return BuildContext(factory, client, weighted_mean, data, torch.device("cpu"), 0, ClientStore())
+
+
+def one_round(algorithm, state, round_idx=1, ids=(0, 1)):
+    ctx = RoundContext(round_idx, ids, 0)
+    payloads = algorithm.configure_round(state, ctx)
+    results = SequentialExecutor(10).run(algorithm, payloads, ctx, algorithm.ctx.data)
+    return payloads, results, ctx
+
+
+def test_upload_is_the_dictionary_change_only():
+    algo = WAFFLe(make_ctx(), num_factors=4, alpha=3.0, variational_lr=0.1)
+    state = algo.init_state()
+    payloads, results, _ = one_round(algo, state)
+    dictionary = sum(p.numel() for p in algo.eval_model.parameters())
+    variational = len(algo.prior_variational)
+    assert variational == 3 * 2 * 4  # {pi~, c, d} x 2 layers x F
+    for r in results:
+        assert type(r.upload) is Weights
+        assert r.upload.values.numel() == dictionary
+        assert r.upload.num_bits() == 32 * dictionary
+        stored = algo.store.get(r.client_id)
+        assert stored.numel() == variational
+        assert not torch.equal(stored, algo.prior_variational)  # trained, but kept home
+    # the upload is exactly the module's dictionary minus the broadcast one
+    module = algo.client_module(1)
+    assert torch.equal(
+        results[1].upload.values, flat_params(list(module.model.parameters())) - payloads[1].values
+    )
+    assert payloads[0].num_bits() == 32 * dictionary + 32  # + the round's temperature
+
+
+def test_server_averages_the_uploads():
+    algo = WAFFLe(make_ctx(), num_factors=4)
+    state = algo.init_state()
+    _, results, ctx = one_round(algo, state)
+    new, _ = algo.aggregate(state, results, ctx)
+    mean = (results[0].upload.values * 24 + results[1].upload.values * 24) / 48
+    assert torch.allclose(new.params, state.params + mean, atol=1e-6)
+
+
+def test_factor_selection_gets_sparser_as_alpha_shrinks():
+    active, expected = [], []
+    for alpha in (1.0, 4.0, 16.0):
+        algo = WAFFLe(
+            make_ctx(client=SimpleNamespace(**{**vars(CLIENT), "local_epochs": 5})),
+            num_factors=24,
+            alpha=alpha,
+            variational_lr=0.05,
+        )
+        state = algo.init_state()
+        one_round(algo, state, ids=(0,))
+        algo.load_posterior(algo.store.get(0))
+        pi = torch.sigmoid(algo.eval_posterior.pi_logit.detach())
+        active.append(int((pi >= 0.5).sum()))
+        expected.append(float(pi.sum()))
+    assert active[0] < active[1] < active[2]
+    assert expected[0] < expected[1] < expected[2]
+
+
+def test_never_sampled_client_uses_the_global_model_and_trained_one_its_own_mask():
+    algo = WAFFLe(make_ctx(), num_factors=4, variational_lr=0.5)
+    state = algo.init_state()
+    x = algo.ctx.data.test_x
+    global_out = algo.global_model(state)(x)
+    assert torch.equal(algo.personal_model(state, 2)(x), global_out)
+    one_round(algo, state, ids=(0,))
+    personal = algo.personal_model(state, 0)
+    masks = [layer.factor_mask for layer in personal.modules() if hasattr(layer, "w_a")]
+    algo.load_posterior(algo.store.get(0))
+    assert torch.equal(masks[0], (algo.eval_posterior.pi_logit[0] >= 0).float())
+    algo_all = WAFFLe(make_ctx(), num_factors=4, unseen_mask="all")
+    model = algo_all.global_model(algo_all.init_state())
+    assert all(layer.factor_mask is None for layer in model.modules() if hasattr(layer, "w_a"))
+
+
+def test_temperature_anneals_geometrically():
+    algo = WAFFLe(make_ctx(), num_factors=2, tau=1.0, tau_final=0.25, tau_anneal_rounds=2)
+    assert [algo.temperature(t) for t in (1, 2, 3, 10)] == [1.0, 0.5, 0.25, 0.25]
+    payload = algo.configure_round(algo.init_state(), RoundContext(2, (0,), 0))[0]
+    assert isinstance(payload, DictionaryPayload) and payload.temperature == 0.5
+
+
+def test_describe_counts_fewer_uploaded_params_than_fedavg_on_lenet():
+    factory = partial(lenet5, input_shape=(3, 32, 32), num_classes=10)
+    algo = WAFFLe(make_ctx(factory=factory), num_factors=32)
+    d = algo.describe()
+    assert d["params/fedavg_model"] == 62006  # LeNet-5 on 3x32x32, by hand
+    shapes = [(6, 75), (16, 150), (120, 400), (84, 120), (10, 84)]
+    assert d["params/uploaded_per_client"] == sum(32 * (j + m + 1) + j for j, m in shapes)
+    assert d["params/uploaded_per_client"] < d["params/fedavg_model"]
+    assert d["params/variational_per_client"] == 3 * 5 * 32
+
+
+def test_eavesdroppers_rebuild_fedavg_local_model_and_waffle_dictionary_without_b():
+    fedavg = FedAvg(make_ctx())
+    state = fedavg.init_state()
+    payloads, results, _ = one_round(fedavg, state, ids=(0,))
+    local = flat_params(list(fedavg.client_module(0).model.parameters()))
+    rebuilt = fedavg.eavesdropped_model(payloads[0], results[0].upload)
+    assert torch.allclose(flat_params(list(rebuilt.parameters())), local, atol=1e-6)
+
+    waffle = WAFFLe(make_ctx(), num_factors=4, variational_lr=0.5)
+    state = waffle.init_state()
+    payloads, results, _ = one_round(waffle, state, ids=(0,))
+    rebuilt = waffle.eavesdropped_model(payloads[0], results[0].upload)
+    x = waffle.ctx.data.test_x
+    out = rebuilt(x)
+    assert torch.equal(
+        out, waffle._with_dictionary(payloads[0].values + results[0].upload.values, None)(x)
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs,key",
+    [
+        ({"alpha": 0}, "alpha"),
+        ({"num_factors": 0}, "num_factors"),
+        ({"eval_mask": "x"}, "eval_mask"),
+    ],
+)
+def test_bad_options_are_config_errors(kwargs, key):
+    with pytest.raises(ConfigError, match=f"algorithm.{key}"):
+        WAFFLe(make_ctx(), **kwargs)
