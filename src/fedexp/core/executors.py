@@ -8,7 +8,7 @@ import torch
 
 from fedexp.core.algorithm import Algorithm
 from fedexp.core.client import ClientModule
-from fedexp.core.seeding import CLIENT, client_generator, derive_seed
+from fedexp.core.seeding import CLIENT, client_generator, derive_seed, seed_global_rng
 from fedexp.core.types import ClientResult, Message, RoundContext
 
 
@@ -23,7 +23,8 @@ def train_local(
 
     The mean loss stays a tensor so a round costs one host sync, not one per client.
     """
-    module.train()
+    if not (module.training and module.model.training):  # a full .train() walks every module
+        module.train()
     n = len(y)
     total = torch.zeros((), device=x.device)
     steps = 0
@@ -55,7 +56,7 @@ class SequentialExecutor:
         results = []
         for cid in ctx.client_ids:
             # any use of the global RNG (dropout, sampling) is also a function of (seed, round, id)
-            torch.manual_seed(derive_seed(ctx.seed, CLIENT, ctx.round, cid, 1))
+            seed_global_rng(derive_seed(ctx.seed, CLIENT, ctx.round, cid, 1), algorithm.device)
             module = algorithm.client_module(cid)
             module.generator = client_generator(ctx.seed, ctx.round, cid)
             algorithm.client_begin(module, cid, payloads[cid])
