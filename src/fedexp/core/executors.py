@@ -65,3 +65,15 @@ class SequentialExecutor:
             upload = algorithm.client_end(module, cid, payloads[cid])
             results.append(ClientResult(cid, len(y), upload, loss, steps))
         return results
+
+
+def auto_executor(batch_size: int, device: str = "auto", chunk_size: int | None = None):
+    """executor=auto: vectorized when training runs on CUDA, sequential on the CPU.
+
+    On 2-core CPUs a vmapped cohort measured 0.3-1.3x the sequential loop, so it does not pay.
+    """
+    if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
+        from fedexp.core.vectorized import VectorizedExecutor
+
+        return VectorizedExecutor(batch_size, chunk_size)
+    return SequentialExecutor(batch_size)
