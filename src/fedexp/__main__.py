@@ -93,7 +93,11 @@ def app(cfg: DictConfig) -> float | None:
         if not multirun:
             shutil.rmtree(run_dir, ignore_errors=True)  # nothing half-written
         sys.exit(EXIT_CONFIG)
+    from fedexp.core.distributed import is_output_rank
+
+    output_rank = is_output_rank()  # under torchrun only rank 0 logs and prints
     loggers = [instantiate_logger(c, run_dir) for c in (cfg.logger or {}).values()]
+    loggers = loggers if output_rank else []
     name = f"{choices.get('algorithm')}-{choices.get('dataset')}-s{cfg.seed}"
     group = Path(hc.sweep.dir).name if multirun else None
     for logger in loggers:
@@ -104,8 +108,9 @@ def app(cfg: DictConfig) -> float | None:
             summary = experiment.run(loggers, on_round, choices)
     else:
         summary = experiment.run(loggers, None, choices)
-    print_table(summary, choices)
-    print(f"run dir: {run_dir}")
+    if output_rank:
+        print_table(summary, choices)
+        print(f"run dir: {run_dir}")
     if summary["status"] == "diverged":
         print(f"fedexp: run diverged at round {summary['diverged_round']}", file=sys.stderr)
         if not multirun:
@@ -121,6 +126,9 @@ def instantiate_logger(node, run_dir: Path):
 
 
 def main() -> None:
+    from fedexp.core.distributed import prepare_rank
+
+    sys.argv = [sys.argv[0], *prepare_rank(sys.argv[1:])]  # torchrun: rank > 0 writes nothing
     app()
 
 

@@ -9,7 +9,7 @@ import torch
 from fedexp.core.algorithm import Algorithm
 from fedexp.core.client import ClientModule
 from fedexp.core.seeding import CLIENT, client_generator, derive_seed, seed_global_rng
-from fedexp.core.types import ClientResult, Message, RoundContext
+from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext
 
 
 def train_local(
@@ -67,13 +67,29 @@ class SequentialExecutor:
         return results
 
 
-def auto_executor(batch_size: int, device: str = "auto", chunk_size: int | None = None):
-    """executor=auto: vectorized when training runs on CUDA, sequential on the CPU.
+def executor_named(
+    name: str,
+    batch_size: int,
+    device: str = "auto",
+    chunk_size: int | None = None,
+    key: str = "executor",
+):
+    """The executor `name` (auto | sequential | vectorized); auto: vectorized on CUDA only.
 
     On 2-core CPUs a vmapped cohort measured 0.3-1.3x the sequential loop, so it does not pay.
     """
-    if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
+    if name == "auto":
+        cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+        name = "vectorized" if cuda else "sequential"
+    if name == "sequential":
+        return SequentialExecutor(batch_size)
+    if name == "vectorized":
         from fedexp.core.vectorized import VectorizedExecutor
 
         return VectorizedExecutor(batch_size, chunk_size)
-    return SequentialExecutor(batch_size)
+    raise ConfigError(f"{key}: must be auto, sequential or vectorized, got {name!r}")
+
+
+def auto_executor(batch_size: int, device: str = "auto", chunk_size: int | None = None):
+    """executor=auto: vectorized when training runs on CUDA, sequential on the CPU."""
+    return executor_named("auto", batch_size, device, chunk_size)
