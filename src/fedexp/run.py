@@ -135,7 +135,7 @@ class Experiment:
             num_classes=self.data.num_classes,
             **self.data.dataset.model_kwargs,
         )
-        self.store = ClientStore()
+        self.store = ClientStore(**OmegaConf.to_container(cfg.get("client_store") or {}))
         ctx = BuildContext(
             model_factory=model_factory,
             client_cfg=cfg.client,
