@@ -85,6 +85,10 @@ def app(cfg: DictConfig) -> float | None:
     run_dir = Path(hc.runtime.output_dir)
     choices = {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra")}
     multirun = hc.mode == RunMode.MULTIRUN
+    if multirun:
+        from fedexp.core.distributed import spread_jobs_over_gpus
+
+        spread_jobs_over_gpus(hc.job.num)
     try:
         experiment = Experiment(cfg, run_dir)
     except ConfigError as err:

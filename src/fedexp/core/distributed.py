@@ -60,6 +60,17 @@ def prepare_rank(argv: list[str]) -> list[str]:
     ]
 
 
+def spread_jobs_over_gpus(job_num: int) -> None:
+    """In a multirun on a box with several GPUs, job i trains on GPU i % num_gpus.
+
+    Parallel launchers (joblib) run several jobs at once; without this they would all share
+    GPU 0. A SLURM job with one GPU sees one device, so this changes nothing there.
+    """
+    if world()[1] > 1 or not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        return
+    torch.cuda.set_device(job_num % torch.cuda.device_count())
+
+
 def is_output_rank() -> bool:
     """Whether this process writes outputs (rank 0, or the only process)."""
     return world()[0] == 0
