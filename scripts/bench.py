@@ -159,21 +159,20 @@ def run_fedexp(exp: Experiment) -> tuple[float, torch.Tensor, dict]:
 
 
 @torch.no_grad()
-def plain_evaluate(model, data) -> tuple[float, float]:
-    """Pooled test accuracy and the mean of the per-client local test accuracies."""
+def plain_evaluate(model, data, local_idx: torch.Tensor, owner: torch.Tensor) -> tuple:
+    """Pooled test accuracy and the per-client local test accuracies, in batched passes."""
     model.eval()
-    pooled = torch.cat(
-        [
-            model(data.test_x[i : i + 4096]).argmax(1) == data.test_y[i : i + 4096]
-            for i in range(0, len(data.test_y), 4096)
-        ]
-    )
-    per_client = []
-    for c in range(data.num_clients):
-        x, y = data.test(c)
-        per_client.append((model(x).argmax(1) == y).float().mean())
+
+    def hits(x, y):
+        return torch.cat(
+            [model(x[i : i + 4096]).argmax(1) == y[i : i + 4096] for i in range(0, len(y), 4096)]
+        ).float()
+
+    pooled = hits(data.test_x, data.test_y).mean()
+    local = hits(data.x[local_idx], data.y[local_idx])
+    per_client = torch.bincount(owner, weights=local) / torch.bincount(owner)
     model.train()
-    return float(pooled.float().mean()), float(torch.stack(per_client).mean())
+    return float(pooled), float(per_client.mean())
 
 
 @torch.no_grad()
@@ -193,6 +192,12 @@ def plain_fedavg(exp: Experiment, init: torch.Tensor) -> tuple[float, torch.Tens
     train_idx = [
         torch.as_tensor(data.partition.train[c], device=device) for c in range(cfg.num_clients)
     ]
+    tests = [torch.as_tensor(t, device=device) for t in data.partition.test]
+    local_idx = torch.cat(tests)
+    owner = torch.repeat_interleave(
+        torch.arange(len(tests), device=device),
+        torch.tensor([len(t) for t in tests], device=device),
+    )
     epochs, batch, lr = cfg.client.local_epochs, cfg.client.batch_size, cfg.client.lr
     sync(device)
     start = time.perf_counter()
@@ -219,7 +224,7 @@ def plain_fedavg(exp: Experiment, init: torch.Tensor) -> tuple[float, torch.Tens
         weights = weights + (w / w.sum()) @ torch.stack(deltas)
         if t % cfg.eval_every == 0 or t == cfg.rounds:
             copy_into(params, weights)
-            plain_evaluate(model, data)
+            plain_evaluate(model, data, local_idx, owner)
     sync(device)
     return time.perf_counter() - start, weights
 
