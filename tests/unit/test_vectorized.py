@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from tests.conftest import REPO
 from torch import nn
 
 from fedexp.__main__ import find_conf
@@ -64,15 +67,20 @@ def train(exp: Experiment) -> tuple[torch.Tensor, dict]:
     return orch.state.params, {k: v for k, v in last.items() if not k.startswith("time/")}
 
 
-@pytest.mark.parametrize(
-    "algorithm",
-    [
-        ["algorithm=fedavg"],
-        ["algorithm=fedprox", "algorithm.mu=0.5"],
-        ["algorithm=fedrep", "algorithm.head_epochs=2"],
-        ["algorithm=fedavg", "client.momentum=0.9", "client.weight_decay=0.01"],
-    ],
-)
+ALGORITHMS = sorted(p.stem for p in (REPO / "conf" / "algorithm").glob("*.yaml"))
+# objectives that draw random numbers inside training_step (Concrete samples): under vmap the
+# draws come from other streams, so only "trains and stays finite" is comparable
+STOCHASTIC = {"waffle"}
+VARIANTS = {
+    "fedprox": ["algorithm.mu=0.5"],
+    "fedrep": ["algorithm.head_epochs=2"],
+}
+CASES = [[f"algorithm={a}", *VARIANTS.get(a, [])] for a in ALGORITHMS] + [
+    ["algorithm=fedavg", "client.momentum=0.9", "client.weight_decay=0.01"],
+]
+
+
+@pytest.mark.parametrize("algorithm", CASES, ids=lambda c: "-".join(c).replace("algorithm=", ""))
 def test_vectorized_matches_sequential(tmp_path, algorithm):
     # Prepare
     seq = experiment(tmp_path, "executor=sequential", *algorithm)
@@ -85,8 +93,12 @@ def test_vectorized_matches_sequential(tmp_path, algorithm):
     p_seq, m_seq = train(seq)
     p_vec, m_vec = train(vec)
     # Assert
-    torch.testing.assert_close(p_vec, p_seq, rtol=1e-4, atol=1e-5)
     assert m_seq.keys() == m_vec.keys()
+    if algorithm[0].removeprefix("algorithm=") in STOCHASTIC:
+        assert all(math.isfinite(v) for v in m_vec.values() if isinstance(v, float))
+        return
+    if p_seq is not None:
+        torch.testing.assert_close(p_vec, p_seq, rtol=1e-4, atol=1e-5)
     for key, value in m_seq.items():
         assert m_vec[key] == pytest.approx(value, abs=1e-5), key
 

@@ -36,9 +36,16 @@ def spec_from_optimizer(
     """Parameter name -> its group's hyperparameters, read off a torch optimizer.
 
     Args:
-        optimizer: what the module's `configure_optimizers` returned (SGD or Adam).
+        optimizer: what the module's `configure_optimizers` returned: SGD, Adam, or an object
+            holding several of them in `.optimizers` (e.g. SGD for weights, Adam for
+            variational parameters).
         names: id(parameter) -> its name in the module.
     """
+    if not isinstance(optimizer, torch.optim.Optimizer) and hasattr(optimizer, "optimizers"):
+        out: dict[str, GroupSpec] = {}
+        for part in optimizer.optimizers:
+            out.update(spec_from_optimizer(part, names))
+        return out
     if isinstance(optimizer, torch.optim.SGD):
         kind = "sgd"
     elif isinstance(optimizer, torch.optim.Adam) and not isinstance(optimizer, torch.optim.AdamW):
