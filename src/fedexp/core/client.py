@@ -46,7 +46,12 @@ def build_optimizer(params, client_cfg) -> torch.optim.Optimizer:
 
 
 class ClientModule(L.LightningModule):
-    """Local objective of FedAvg: cross-entropy on the client's data. Subclasses add their term."""
+    """Local objective of FedAvg: cross-entropy on the client's data. Subclasses add their term.
+
+    The model's parameter list is read once per model object (walking the module tree costs
+    more than a step of a small model): give the module a new model rather than adding or
+    removing parameters inside the one it has.
+    """
 
     def __init__(self, model: nn.Module, client_cfg):
         super().__init__()
@@ -68,13 +73,20 @@ class ClientModule(L.LightningModule):
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         return self.task_loss(batch)
 
+    def model_params(self) -> tuple[nn.Parameter, ...]:
+        """`tuple(self.model.parameters())`, cached per model object."""
+        if self.__dict__.get("_params_of") is not self.model:
+            self.__dict__["_model_params"] = tuple(self.model.parameters())
+            self.__dict__["_params_of"] = self.model
+        return self.__dict__["_model_params"]
+
     def phases(self) -> list[Phase]:
-        return [Phase("all", self._local_epochs, tuple(self.model.parameters()))]
+        return [Phase("all", self._local_epochs, self.model_params())]
 
     def start_phase(self, phase: Phase) -> None:
         """Freeze everything but the phase's parameters."""
         keep = {id(p) for p in phase.params}
-        for p in self.model.parameters():
+        for p in self.model_params():
             if p.requires_grad != (id(p) in keep):
                 p.requires_grad_(id(p) in keep)
         self._phase_params = phase.params
