@@ -272,34 +272,45 @@ def floor_seconds(exp: Experiment, w: Workload, samples: int, timed_steps: int =
     }
 
 
-def bench_workload(w: Workload, executors: list[str], device: str, reps: int, cache: str) -> dict:
+def bench_workload(
+    w: Workload,
+    executors: list[str],
+    device: str,
+    reps: int,
+    cache: str,
+    warmup: int = 1,
+    plain: bool = True,
+) -> dict:
     exps = {
         e: Experiment(fedexp_config(w, e, device, cache), tempfile.mkdtemp()) for e in executors
     }
     first = exps[executors[0]]
     init = first.algorithm.init_state().params.clone()
-    times: dict[str, list[float]] = {e: [] for e in [*executors, "plain"]}
+    runners = [*executors, "plain"] if plain else list(executors)
+    times: dict[str, list[float]] = {e: [] for e in runners}
     finals: dict[str, torch.Tensor] = {}
-    # one untimed warm-up of each, then interleaved repetitions
-    for rep in range(reps + 1):
+    # untimed warm-ups, then interleaved repetitions
+    for rep in range(warmup + reps):
         for e, exp in exps.items():
             seconds, finals[e], last = run_fedexp(exp)
-            if rep:
+            if rep >= warmup:
                 times[e].append(seconds)
-        seconds, finals["plain"] = plain_fedavg(first, init)
-        if rep:
-            times["plain"].append(seconds)
+        if plain:
+            seconds, finals["plain"] = plain_fedavg(first, init)
+            if rep >= warmup:
+                times["plain"].append(seconds)
     totals = workload_totals(first)
     out = {"workload": w.__dict__, "device": str(first.device), **totals}
     out["median_s"] = {k: statistics.median(v) for k, v in times.items()}
     out["times_s"] = times
-    # the ratio of each interleaved pair, then the median: robust to load that drifts over a run
-    out["ratio_vs_plain"] = {
-        e: statistics.median(a / b for a, b in zip(times[e], times["plain"])) for e in executors
-    }
-    out["max_abs_diff_vs_plain"] = {
-        e: float((finals[e] - finals["plain"]).abs().max()) for e in executors
-    }
+    if plain:
+        # the ratio of each interleaved pair, then the median: robust to load that drifts
+        out["ratio_vs_plain"] = {
+            e: statistics.median(a / b for a, b in zip(times[e], times["plain"])) for e in executors
+        }
+        out["max_abs_diff_vs_plain"] = {
+            e: float((finals[e] - finals["plain"]).abs().max()) for e in executors
+        }
     out["final_eval"] = {k: v for k, v in last.items() if k.startswith("eval/")}
     out.update(floor_seconds(first, w, totals["samples"]))
     return out
@@ -307,6 +318,7 @@ def bench_workload(w: Workload, executors: list[str], device: str, reps: int, ca
 
 def report(r: dict, executors: list[str]) -> None:
     med, w = r["median_s"], r["workload"]
+    runners = list(med)
     print(
         f"\n== {w['name']}  ({w['num_clients']} clients, {w['clients_per_round']}/round, "
         f"{w['rounds']} rounds, E={w['local_epochs']}, B={w['batch_size']}, {w['model']}, "
@@ -316,13 +328,13 @@ def report(r: dict, executors: list[str]) -> None:
         f"   {'runner':<12}{'median s':>10}{'rounds/s':>10}{'steps/s':>11}{'samples/s':>12}"
         f"{'x floor':>9}"
     )
-    for k in [*executors, "plain"]:
+    for k in runners:
         s = med[k]
         print(
             f"   {k:<12}{s:>10.3f}{w['rounds'] / s:>10.2f}{r['client_steps'] / s:>11.0f}"
             f"{r['samples'] / s:>12.0f}{s / r['floor_s']:>9.1f}"
         )
-    for e in executors:
+    for e in executors if "plain" in med else []:
         print(
             f"   fedexp {e} / plain = {r['ratio_vs_plain'][e]:.3f} (median of paired runs)  "
             f"(max |param diff| {r['max_abs_diff_vs_plain'][e]:.1e})"
@@ -341,7 +353,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--full", action="store_true", help="the full size named in issue 7")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--executors", default="sequential", help="comma list of fedexp executors")
-    parser.add_argument("--reps", type=int, default=3, help="timed repetitions (plus a warm-up)")
+    parser.add_argument("--reps", type=int, default=3, help="timed repetitions")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs before them")
+    parser.add_argument("--no-plain", action="store_true", help="skip the plain PyTorch loop")
     parser.add_argument("--rounds", type=int, default=None, help="override the workload's rounds")
     parser.add_argument(
         "--threads", type=int, default=1, help="torch CPU threads (1: tiny ops do not pay for 2)"
@@ -359,7 +373,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
             w = sizes["full"] if args.full and "full" in sizes else sizes["cpu"]
             if args.rounds is not None:
                 w = replace(w, rounds=args.rounds, eval_every=min(w.eval_every, args.rounds))
-            r = bench_workload(w, executors, args.device, args.reps, cache)
+            r = bench_workload(
+                w, executors, args.device, args.reps, cache, args.warmup, not args.no_plain
+            )
             report(r, executors)
             results.append(r)
     if args.json is not None:
