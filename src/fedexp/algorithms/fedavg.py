@@ -81,7 +81,8 @@ class FedAvg(Algorithm):
             buf = state.buffers.get("momentum")
             step = step if buf is None else self.server_momentum * buf + step
             state.buffers["momentum"] = step
-        return ServerState(state.params + self.server_lr * step, state.buffers), {}
+        step = step if self.server_lr == 1.0 else self.server_lr * step  # x * 1.0 == x
+        return ServerState(state.params + step, state.buffers), {}
 
     # ---- client --------------------------------------------------------------------------------
     def client_module(self, client_id: int) -> ClientModule:
