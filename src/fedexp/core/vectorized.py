@@ -148,9 +148,11 @@ class VectorizedExecutor:
         for run in runs:
             params, loss, steps = trained[run.client_id]
             module = run.module
-            with torch.no_grad():
+            with torch.no_grad():  # trained parameters; buffers as this client's begin left them
                 for name, p in module.named_parameters():
                     p.copy_(params[name])
+                for name, b in module.named_buffers():
+                    b.copy_(run.state[name])
             vars(module).update(run.attrs)
             module.generator = run.generator
             upload = algorithm.client_end(module, run.client_id, payloads[run.client_id])
