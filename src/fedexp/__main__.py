@@ -84,6 +84,10 @@ def app(cfg: DictConfig) -> float | None:
     run_dir = Path(hc.runtime.output_dir)
     choices = {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra")}
     multirun = hc.mode == RunMode.MULTIRUN
+    if multirun:
+        from fedexp.core.distributed import spread_jobs_over_gpus
+
+        spread_jobs_over_gpus(hc.job.num)
     group = Path(hc.sweep.dir).name if multirun else None
     return execute(cfg, run_dir, choices, multirun=multirun, group=group)
 
@@ -108,7 +112,11 @@ def execute(
         if not multirun and not resume:
             shutil.rmtree(run_dir, ignore_errors=True)  # nothing half-written
         sys.exit(EXIT_CONFIG)
+    from fedexp.core.distributed import is_output_rank
+
+    output_rank = is_output_rank()  # under torchrun only rank 0 logs and prints
     loggers = [instantiate_logger(c, run_dir) for c in (cfg.logger or {}).values()]
+    loggers = loggers if output_rank else []
     name = f"{choices.get('algorithm')}-{choices.get('dataset')}-s{cfg.seed}"
     for logger in loggers:
         experiment.restore_logger(logger)  # on resume: W&B continues the same run id
@@ -119,8 +127,9 @@ def execute(
             summary = experiment.run(loggers, on_round, choices)
     else:
         summary = experiment.run(loggers, None, choices)
-    print_table(summary, choices)
-    print(f"run dir: {run_dir}")
+    if output_rank:
+        print_table(summary, choices)
+        print(f"run dir: {run_dir}")
     if summary["status"] == "interrupted":
         print(
             f"fedexp: stopped after round {summary['rounds_completed']}; continue with: "
@@ -182,6 +191,9 @@ def instantiate_logger(node, run_dir: Path):
 
 
 def main() -> None:
+    from fedexp.core.distributed import prepare_rank
+
+    sys.argv = [sys.argv[0], *prepare_rank(sys.argv[1:])]  # torchrun: rank > 0 writes nothing
     if _resume_requested(sys.argv[1:]):
         resume_main(sys.argv[1:])
     else:

@@ -157,7 +157,7 @@ class Experiment:
             **self.data.dataset.model_kwargs,
         )
         model_factory = partial(factory, **model_args)
-        self.store = ClientStore()
+        self.store = ClientStore(**OmegaConf.to_container(cfg.get("client_store") or {}))
         ctx = BuildContext(
             model_factory=model_factory,
             client_cfg=cfg.client,

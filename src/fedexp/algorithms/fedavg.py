@@ -7,6 +7,7 @@ w <- sum_k (n_k / n) w_k. The aggregator is injected (mean, or a robust one).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -48,8 +49,14 @@ class FedAvg(Algorithm):
         return ClientModule(model, self.ctx.client_cfg)
 
     def shared(self, model: nn.Module) -> list[nn.Parameter]:
-        """The parameters that travel and are averaged."""
-        return list(model.parameters())
+        """The parameters that travel and are averaged (read once per model object: walking the
+        module tree twice per client costs as much as a small model's step)."""
+        cache = self.__dict__.get("_params_cache")
+        if cache is None:
+            cache = self.__dict__["_params_cache"] = weakref.WeakKeyDictionary()
+        if model not in cache:
+            cache[model] = tuple(model.parameters())
+        return list(cache[model])
 
     # ---- server --------------------------------------------------------------------------------
     def init_state(self) -> ServerState:
@@ -78,7 +85,8 @@ class FedAvg(Algorithm):
             buf = state.buffers.get("momentum")
             step = step if buf is None else self.server_momentum * buf + step
             state.buffers["momentum"] = step
-        return ServerState(state.params + self.server_lr * step, state.buffers), {}
+        step = step if self.server_lr == 1.0 else self.server_lr * step  # x * 1.0 == x
+        return ServerState(state.params + step, state.buffers), {}
 
     # ---- client --------------------------------------------------------------------------------
     def client_module(self, client_id: int) -> ClientModule:

@@ -93,7 +93,10 @@ class Algorithm:
         """
 
     def state_is_finite(self, state: ServerState) -> bool:
-        return state.params is None or bool(torch.isfinite(state.params).all())
+        # one float64 reduction (NaN and inf propagate; finite float32 values cannot overflow
+        # it) instead of isfinite's elementwise passes: the same answer at a fraction of the cost
+        params = state.params
+        return params is None or bool(torch.isfinite(params.sum(dtype=torch.float64)))
 
     def describe(self) -> dict[str, float]:
         """Static facts to report once (e.g. parameter counts)."""

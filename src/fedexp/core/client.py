@@ -26,16 +26,23 @@ class Phase:
     params: tuple[nn.Parameter, ...]
 
 
+def optimizer_spec(client_cfg) -> tuple[str, dict[str, float]]:
+    """(name, keyword arguments) of the client optimizer named by `client.optimizer`."""
+    kwargs = {"lr": float(client_cfg.lr), "weight_decay": float(client_cfg.weight_decay)}
+    if client_cfg.optimizer == "sgd":
+        kwargs["momentum"] = float(client_cfg.momentum)
+    return str(client_cfg.optimizer), kwargs
+
+
+def make_optimizer(params, spec: tuple[str, dict[str, float]]) -> torch.optim.Optimizer:
+    """The optimizer of an `optimizer_spec` over `params` (tensors or param groups)."""
+    name, kwargs = spec
+    return (torch.optim.SGD if name == "sgd" else torch.optim.Adam)(params, **kwargs)
+
+
 def build_optimizer(params, client_cfg) -> torch.optim.Optimizer:
     """The client optimizer named by `client.optimizer`."""
-    if client_cfg.optimizer == "sgd":
-        return torch.optim.SGD(
-            params,
-            lr=client_cfg.lr,
-            momentum=client_cfg.momentum,
-            weight_decay=client_cfg.weight_decay,
-        )
-    return torch.optim.Adam(params, lr=client_cfg.lr, weight_decay=client_cfg.weight_decay)
+    return make_optimizer(params, optimizer_spec(client_cfg))
 
 
 class JointOptimizer:
@@ -55,7 +62,12 @@ class JointOptimizer:
 
 
 class ClientModule(L.LightningModule):
-    """Local objective of FedAvg: cross-entropy on the client's data. Subclasses add their term."""
+    """Local objective of FedAvg: cross-entropy on the client's data. Subclasses add their term.
+
+    The model's parameter list is read once per model object (walking the module tree costs
+    more than a step of a small model): give the module a new model rather than adding or
+    removing parameters inside the one it has.
+    """
 
     def __init__(self, model: nn.Module, client_cfg):
         super().__init__()
@@ -63,6 +75,9 @@ class ClientModule(L.LightningModule):
         self.client_cfg = client_cfg
         self.generator: torch.Generator | None = None  # the client's own stream, set per client
         self._phase_params: tuple[nn.Parameter, ...] = tuple(model.parameters())
+        # read once: a DictConfig attribute costs tens of microseconds, a client is a few steps
+        self._optimizer_spec = optimizer_spec(client_cfg)
+        self._local_epochs = int(client_cfg.local_epochs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
@@ -74,15 +89,23 @@ class ClientModule(L.LightningModule):
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         return self.task_loss(batch)
 
+    def model_params(self) -> tuple[nn.Parameter, ...]:
+        """`tuple(self.model.parameters())`, cached per model object."""
+        if self.__dict__.get("_params_of") is not self.model:
+            self.__dict__["_model_params"] = tuple(self.model.parameters())
+            self.__dict__["_params_of"] = self.model
+        return self.__dict__["_model_params"]
+
     def phases(self) -> list[Phase]:
-        return [Phase("all", self.client_cfg.local_epochs, tuple(self.model.parameters()))]
+        return [Phase("all", self._local_epochs, self.model_params())]
 
     def start_phase(self, phase: Phase) -> None:
         """Freeze everything but the phase's parameters."""
         keep = {id(p) for p in phase.params}
-        for p in self.model.parameters():
-            p.requires_grad_(id(p) in keep)
+        for p in self.model_params():
+            if p.requires_grad != (id(p) in keep):
+                p.requires_grad_(id(p) in keep)
         self._phase_params = phase.params
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return build_optimizer(self._phase_params, self.client_cfg)
+        return make_optimizer(self._phase_params, self._optimizer_spec)

@@ -29,6 +29,21 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     return float(hits.float().mean()) if len(hits) else float("nan")
 
 
+def client_accuracies(model: nn.Module, data) -> np.ndarray:
+    """One model's accuracy on every client's local test split (NaN where a split is empty).
+
+    One batched pass and one host sync instead of one per client (1000 clients, every 10
+    rounds, cost more than the training itself on a GPU). Per-client sums of hits are exact,
+    so the values equal those of a per-client `accuracy` loop.
+    """
+    x, y, owner = data.pooled_local_test()
+    hits = correct_counts(model, x, y).float()
+    n = data.num_clients
+    totals = torch.bincount(owner, weights=hits, minlength=n).float()
+    counts = torch.bincount(owner, minlength=n).float()
+    return (totals / counts).double().cpu().numpy()
+
+
 def distribution(prefix: str, accs: np.ndarray) -> dict[str, float]:
     """mean/std/var/min/p10/max of per-client accuracies under `prefix` (var: the fairness
     measure of WAFFLe and q-FFL, the population variance over clients)."""
@@ -60,7 +75,7 @@ def evaluate(algorithm: Algorithm, state: ServerState, data) -> tuple[dict, dict
     model = algorithm.global_model(state)
     if model is not None:
         metrics["eval/global/acc"] = accuracy(model, data.test_x, data.test_y)
-        accs = np.array([accuracy(model, *data.test(c)) for c in clients])
+        accs = client_accuracies(model, data)
         metrics["eval/global/client_acc_mean"] = float(accs.mean())
         metrics["eval/global/client_acc_var"] = float(accs.var())
         per_client["global"] = accs.tolist()

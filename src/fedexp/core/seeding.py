@@ -22,3 +22,14 @@ def sample_clients(seed: int, round_idx: int, num_clients: int, per_round: int) 
 def client_generator(seed: int, round_idx: int, client_id: int) -> torch.Generator:
     """The client's own stream for shuffling and sampling in this round."""
     return torch.Generator().manual_seed(derive_seed(seed, CLIENT, round_idx, client_id))
+
+
+def seed_global_rng(seed: int, device: torch.device) -> None:
+    """Seed torch's global RNG on the CPU and on `device`: what `torch.manual_seed` does for
+    the devices we use, without its lazy all-CUDA-devices call that records a Python traceback
+    (~0.5 ms, paid once per client)."""
+    torch.default_generator.manual_seed(seed)
+    if device.type == "cuda":
+        torch.cuda.init()  # no-op once initialised; fills `default_generators`
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        torch.cuda.default_generators[index].manual_seed(seed)

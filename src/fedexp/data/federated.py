@@ -59,5 +59,14 @@ class FederatedData:
         idx = self._test[client_id]
         return self.x[idx], self.y[idx]
 
+    def pooled_local_test(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every client's local test split at once: (x, y, owning client of each sample)."""
+        if not hasattr(self, "_pooled_test"):
+            sizes = torch.tensor([len(t) for t in self._test], device=self.device)
+            owner = torch.repeat_interleave(torch.arange(len(sizes), device=self.device), sizes)
+            self._pooled_test = (torch.cat(self._test).long(), owner)
+        idx, owner = self._pooled_test
+        return self.x[idx], self.y[idx], owner
+
     def train_labels(self) -> np.ndarray:
         return self.dataset.train_y.numpy()

@@ -1,0 +1,387 @@
+"""Benchmark fedexp against a plain PyTorch loop doing the same local training, and the floor.
+
+    python scripts/bench.py                          # every workload at CPU scale (`make bench`)
+    python scripts/bench.py --workload digits        # issue 2's fixed FedAvg workload
+    python scripts/bench.py --workload pfl-cifar10 --full --device cuda \\
+        --executors sequential,vectorized             # the full pfl-research workload on a GPU
+
+Each workload runs through fedexp's real path (config composed by Hydra, `Experiment` building
+data, model, algorithm and executor, `Orchestrator` driving the rounds, evaluation only where the
+workload says) and through `plain_fedavg` in the same process: the same cohorts, the same data
+slices, the same shuffles and steps, plain SGD, the same final evaluation. Repetitions are
+interleaved and the median is reported. The floor is the workload's training FLOPs divided by the
+FLOP rate the same model reaches when trained at a large batch: no runner can beat it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf, open_dict
+from torch.utils.flop_counter import FlopCounterMode
+
+from fedexp.__main__ import find_conf
+from fedexp.core.orchestrator import Orchestrator
+from fedexp.core.seeding import CLIENT, derive_seed, sample_clients
+from fedexp.data.datasets import Dataset
+from fedexp.run import Experiment
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A fixed FedAvg run. `samples_per_client` set: random data of `input_shape` (CIFAR-shaped)."""
+
+    name: str
+    model: str
+    num_clients: int
+    clients_per_round: int
+    rounds: int
+    eval_every: int
+    local_epochs: int
+    batch_size: int
+    lr: float
+    samples_per_client: int | None = None  # training samples per client (random data)
+    local_test_per_client: int = 10  # random data: each client's local test split
+    test_size: int = 0  # central test set (random data)
+    input_shape: tuple[int, ...] = (3, 32, 32)
+    floor_batch: int = 512
+
+
+# `full` is the size named in issue 7; `cpu` is scaled down to seconds per run on 2 cores.
+WORKLOADS = {
+    "digits": {
+        # issue 2's workload: the defaults of `python -m fedexp`, evaluation only at the end
+        "cpu": Workload("digits", "mlp", 20, 10, 20, 20, 1, 32, 0.05, floor_batch=4096),
+    },
+    "pfl-cifar10": {
+        # pfl-research's cross-framework benchmark: 1000 clients x 50 images, 50 per round,
+        # central evaluation every 10 rounds
+        "full": Workload("pfl-cifar10", "pfl_cnn", 1000, 50, 1500, 10, 1, 10, 0.1, 50, 10, 10000),
+        "cpu": Workload(
+            "pfl-cifar10", "pfl_cnn", 100, 10, 1, 1, 1, 10, 0.1, 50, 2, 200, floor_batch=64
+        ),
+    },
+    "lenet5": {
+        # a typical FedHeNN / WAFFLe run: 100 clients, 10 per round, 5 local epochs, batch 32
+        "full": Workload("lenet5", "lenet5", 100, 10, 100, 10, 5, 32, 0.05, 500, 100, 10000),
+        "cpu": Workload(
+            "lenet5", "lenet5", 100, 10, 2, 2, 5, 32, 0.05, 50, 5, 500, floor_batch=1024
+        ),
+    },
+}
+
+
+def random_images(
+    num_train: int, num_test: int, input_shape: list[int], seed: int = 0, **_
+) -> Dataset:
+    """Gaussian images with uniform labels: the shape and the cost of CIFAR-10, no download."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = tuple(input_shape)
+    return Dataset(
+        "random",
+        torch.randn(num_train, *shape, generator=gen),
+        torch.randint(0, 10, (num_train,), generator=gen),
+        torch.randn(num_test, *shape, generator=gen),
+        torch.randint(0, 10, (num_test,), generator=gen),
+        10,
+        shape,
+    )
+
+
+def fedexp_config(w: Workload, executor: str, device: str, cache_dir: str):
+    """The run's config, composed by Hydra from conf/ exactly as the CLI would."""
+    overrides = [
+        f"model={w.model}",
+        f"executor={executor}",
+        f"device={device}",
+        f"num_clients={w.num_clients}",
+        f"clients_per_round={w.clients_per_round}",
+        f"rounds={w.rounds}",
+        f"eval_every={w.eval_every}",
+        f"client.local_epochs={w.local_epochs}",
+        f"client.batch_size={w.batch_size}",
+        f"client.lr={w.lr}",
+        "progress=false",
+        f"paths.cache_dir={cache_dir}",
+    ]
+    if w.samples_per_client is not None:
+        overrides.append("partition=iid")
+    with initialize_config_dir(config_dir=find_conf(), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    if w.samples_per_client is not None:
+        per_client = w.samples_per_client + w.local_test_per_client
+        with open_dict(cfg):
+            cfg.dataset = OmegaConf.create(
+                {
+                    "_target_": f"{random_images.__module__}.random_images",
+                    "num_train": w.num_clients * per_client,
+                    "num_test": w.test_size,
+                    "input_shape": list(w.input_shape),
+                }
+            )
+            cfg.partition.test_fraction = w.local_test_per_client / per_client
+    return cfg
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_fedexp(exp: Experiment) -> tuple[float, torch.Tensor, dict]:
+    """Time one full run through the Orchestrator; returns (seconds, final params, last eval)."""
+    cfg = exp.cfg
+    orch = Orchestrator(
+        exp.algorithm,
+        exp.executor,
+        exp.data,
+        exp.attack,
+        seed=cfg.seed,
+        rounds=cfg.rounds,
+        clients_per_round=cfg.clients_per_round,
+        eval_every=cfg.eval_every,
+    )
+    sync(exp.device)
+    start = time.perf_counter()
+    last = orch.run()
+    sync(exp.device)
+    return time.perf_counter() - start, orch.state.params, last
+
+
+@torch.no_grad()
+def plain_evaluate(model, data, local_idx: torch.Tensor, owner: torch.Tensor) -> tuple:
+    """Pooled test accuracy and the per-client local test accuracies, in batched passes."""
+    model.eval()
+
+    def hits(x, y):
+        return torch.cat(
+            [model(x[i : i + 4096]).argmax(1) == y[i : i + 4096] for i in range(0, len(y), 4096)]
+        ).float()
+
+    pooled = hits(data.test_x, data.test_y).mean()
+    local = hits(data.x[local_idx], data.y[local_idx])
+    per_client = torch.bincount(owner, weights=local) / torch.bincount(owner)
+    model.train()
+    return float(pooled), float(per_client.mean())
+
+
+@torch.no_grad()
+def copy_into(params: list[torch.Tensor], flat: torch.Tensor) -> None:
+    """Copy a flat vector into the parameters (`vector_to_parameters` would alias it)."""
+    for p, chunk in zip(params, flat.split([p.numel() for p in params])):
+        p.copy_(chunk.view_as(p))
+
+
+def plain_fedavg(exp: Experiment, init: torch.Tensor) -> tuple[float, torch.Tensor]:
+    """The same FedAvg written as a plain PyTorch loop; returns (seconds, final params)."""
+    cfg, data, device = exp.cfg, exp.data, exp.device
+    model = exp.algorithm.ctx.model_factory().to(device)
+    params = list(model.parameters())
+    weights = init.clone()
+    x_all, y_all = data.x, data.y
+    train_idx = [
+        torch.as_tensor(data.partition.train[c], device=device) for c in range(cfg.num_clients)
+    ]
+    tests = [torch.as_tensor(t, device=device) for t in data.partition.test]
+    local_idx = torch.cat(tests)
+    owner = torch.repeat_interleave(
+        torch.arange(len(tests), device=device),
+        torch.tensor([len(t) for t in tests], device=device),
+    )
+    epochs, batch, lr = cfg.client.local_epochs, cfg.client.batch_size, cfg.client.lr
+    sync(device)
+    start = time.perf_counter()
+    for t in range(1, cfg.rounds + 1):
+        ids = sample_clients(cfg.seed, t, cfg.num_clients, cfg.clients_per_round)
+        deltas, sizes = [], []
+        for cid in ids:
+            copy_into(params, weights)
+            opt = torch.optim.SGD(params, lr=lr)
+            idx = train_idx[cid]
+            x, y = x_all[idx], y_all[idx]
+            gen = torch.Generator().manual_seed(derive_seed(cfg.seed, CLIENT, t, cid))
+            for _ in range(epochs):
+                order = torch.randperm(len(y), generator=gen).to(device)
+                for s in range(0, len(y), batch):
+                    b = order[s : s + batch]
+                    loss = F.cross_entropy(model(x[b]), y[b])
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+            deltas.append(torch.nn.utils.parameters_to_vector(params).detach() - weights)
+            sizes.append(float(len(y)))
+        w = torch.tensor(sizes, device=device)
+        weights = weights + (w / w.sum()) @ torch.stack(deltas)
+        if t % cfg.eval_every == 0 or t == cfg.rounds:
+            copy_into(params, weights)
+            plain_evaluate(model, data, local_idx, owner)
+    sync(device)
+    return time.perf_counter() - start, weights
+
+
+def workload_totals(exp: Experiment) -> dict[str, int]:
+    """Client steps and training samples the workload processes (for the rates and the floor)."""
+    cfg, data = exp.cfg, exp.data
+    steps = samples = 0
+    for t in range(1, cfg.rounds + 1):
+        for cid in sample_clients(cfg.seed, t, cfg.num_clients, cfg.clients_per_round):
+            n = data.num_train(cid)
+            steps += cfg.client.local_epochs * -(-n // cfg.client.batch_size)
+            samples += cfg.client.local_epochs * n
+    return {"client_steps": steps, "samples": samples}
+
+
+def floor_seconds(exp: Experiment, w: Workload, samples: int, timed_steps: int = 3) -> dict:
+    """Training FLOPs of the workload / the FLOP rate of the same model at a large batch."""
+    device = exp.device
+    model = exp.algorithm.ctx.model_factory().to(device)
+    x = torch.randn(w.floor_batch, *exp.data.input_shape, device=device)
+    y = torch.randint(0, exp.data.num_classes, (w.floor_batch,), device=device)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+    def step() -> None:
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    with FlopCounterMode(display=False) as counter:
+        step()
+    flops_per_sample = counter.get_total_flops() / w.floor_batch
+    step()  # warm-up
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(timed_steps):
+        step()
+    sync(device)
+    rate = flops_per_sample * w.floor_batch * timed_steps / (time.perf_counter() - start)
+    return {
+        "train_flops_per_sample": flops_per_sample,
+        "flop_rate": rate,
+        "floor_s": samples * flops_per_sample / rate,
+    }
+
+
+def bench_workload(
+    w: Workload,
+    executors: list[str],
+    device: str,
+    reps: int,
+    cache: str,
+    warmup: int = 1,
+    plain: bool = True,
+) -> dict:
+    exps = {
+        e: Experiment(fedexp_config(w, e, device, cache), tempfile.mkdtemp()) for e in executors
+    }
+    first = exps[executors[0]]
+    init = first.algorithm.init_state().params.clone()
+    runners = [*executors, "plain"] if plain else list(executors)
+    times: dict[str, list[float]] = {e: [] for e in runners}
+    finals: dict[str, torch.Tensor] = {}
+    # untimed warm-ups, then interleaved repetitions
+    for rep in range(warmup + reps):
+        for e, exp in exps.items():
+            seconds, finals[e], last = run_fedexp(exp)
+            if rep >= warmup:
+                times[e].append(seconds)
+        if plain:
+            seconds, finals["plain"] = plain_fedavg(first, init)
+            if rep >= warmup:
+                times["plain"].append(seconds)
+    totals = workload_totals(first)
+    out = {"workload": w.__dict__, "device": str(first.device), **totals}
+    out["median_s"] = {k: statistics.median(v) for k, v in times.items()}
+    out["times_s"] = times
+    if plain:
+        # the ratio of each interleaved pair, then the median: robust to load that drifts
+        out["ratio_vs_plain"] = {
+            e: statistics.median(a / b for a, b in zip(times[e], times["plain"])) for e in executors
+        }
+        out["max_abs_diff_vs_plain"] = {
+            e: float((finals[e] - finals["plain"]).abs().max()) for e in executors
+        }
+    out["final_eval"] = {k: v for k, v in last.items() if k.startswith("eval/")}
+    out.update(floor_seconds(first, w, totals["samples"]))
+    return out
+
+
+def report(r: dict, executors: list[str]) -> None:
+    med, w = r["median_s"], r["workload"]
+    runners = list(med)
+    print(
+        f"\n== {w['name']}  ({w['num_clients']} clients, {w['clients_per_round']}/round, "
+        f"{w['rounds']} rounds, E={w['local_epochs']}, B={w['batch_size']}, {w['model']}, "
+        f"{r['device']})"
+    )
+    print(
+        f"   {'runner':<12}{'median s':>10}{'rounds/s':>10}{'steps/s':>11}{'samples/s':>12}"
+        f"{'x floor':>9}"
+    )
+    for k in runners:
+        s = med[k]
+        print(
+            f"   {k:<12}{s:>10.3f}{w['rounds'] / s:>10.2f}{r['client_steps'] / s:>11.0f}"
+            f"{r['samples'] / s:>12.0f}{s / r['floor_s']:>9.1f}"
+        )
+    for e in executors if "plain" in med else []:
+        print(
+            f"   fedexp {e} / plain = {r['ratio_vs_plain'][e]:.3f} (median of paired runs)  "
+            f"(max |param diff| {r['max_abs_diff_vs_plain'][e]:.1e})"
+        )
+    if "vectorized" in executors and "sequential" in executors:
+        print(f"   sequential / vectorized = {med['sequential'] / med['vectorized']:.2f}x")
+    print(
+        f"   floor {r['floor_s']:.3f} s  ({r['train_flops_per_sample'] / 1e6:.2f} MFLOP/sample "
+        f"train, {r['flop_rate'] / 1e9:.1f} GFLOP/s at batch {w['floor_batch']})"
+    )
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", default="all", choices=["all", *WORKLOADS])
+    parser.add_argument("--full", action="store_true", help="the full size named in issue 7")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--executors", default="sequential", help="comma list of fedexp executors")
+    parser.add_argument("--reps", type=int, default=3, help="timed repetitions")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs before them")
+    parser.add_argument("--no-plain", action="store_true", help="skip the plain PyTorch loop")
+    parser.add_argument("--rounds", type=int, default=None, help="override the workload's rounds")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads (1: tiny ops do not pay for 2)"
+    )
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = parser.parse_args(argv)
+    executors = args.executors.split(",")
+    torch.set_num_threads(args.threads)
+    names = list(WORKLOADS) if args.workload == "all" else [args.workload]
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}")
+    results = []
+    with tempfile.TemporaryDirectory() as cache:
+        for name in names:
+            sizes = WORKLOADS[name]
+            w = sizes["full"] if args.full and "full" in sizes else sizes["cpu"]
+            if args.rounds is not None:
+                w = replace(w, rounds=args.rounds, eval_every=min(w.eval_every, args.rounds))
+            r = bench_workload(
+                w, executors, args.device, args.reps, cache, args.warmup, not args.no_plain
+            )
+            report(r, executors)
+            results.append(r)
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=2, default=str))
+    return results
+
+
+if __name__ == "__main__":
+    sys.exit(main() and 0)

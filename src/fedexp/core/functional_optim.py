@@ -1,0 +1,139 @@
+"""SGD and Adam as pure functions over stacked per-client tensors, for the vectorised executor.
+
+Each client of a cohort keeps its own optimizer state (momentum buffer, Adam moments) along the
+leading dimension. The update follows `torch.optim.SGD` / `torch.optim.Adam` (single-tensor
+path) step for step, and a per-client `active` mask leaves a client's parameters and state
+untouched on the padded steps after its own last batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from fedexp.core.types import ConfigError
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """The hyperparameters of one optimizer param group."""
+
+    kind: str  # "sgd" | "adam"
+    lr: float
+    weight_decay: float = 0.0
+    momentum: float = 0.0
+    dampening: float = 0.0
+    nesterov: bool = False
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+
+
+def spec_from_optimizer(
+    optimizer: torch.optim.Optimizer, names: Mapping[int, str]
+) -> dict[str, GroupSpec]:
+    """Parameter name -> its group's hyperparameters, read off a torch optimizer.
+
+    Args:
+        optimizer: what the module's `configure_optimizers` returned: SGD, Adam, or an object
+            holding several of them in `.optimizers` (e.g. SGD for weights, Adam for
+            variational parameters).
+        names: id(parameter) -> its name in the module.
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer) and hasattr(optimizer, "optimizers"):
+        out: dict[str, GroupSpec] = {}
+        for part in optimizer.optimizers:
+            out.update(spec_from_optimizer(part, names))
+        return out
+    if isinstance(optimizer, torch.optim.SGD):
+        kind = "sgd"
+    elif isinstance(optimizer, torch.optim.Adam) and not isinstance(optimizer, torch.optim.AdamW):
+        kind = "adam"
+    else:
+        raise ConfigError(
+            f"executor: the vectorized executor has SGD and Adam, not {type(optimizer).__name__}"
+        )
+    out: dict[str, GroupSpec] = {}
+    for group in optimizer.param_groups:
+        if group.get("maximize") or group.get("amsgrad"):
+            raise ConfigError("executor: maximize/amsgrad have no vectorized form")
+        lr = float(group["lr"])
+        if kind == "sgd":
+            spec = GroupSpec(
+                "sgd",
+                lr,
+                float(group["weight_decay"]),
+                float(group["momentum"]),
+                float(group["dampening"]),
+                bool(group["nesterov"]),
+            )
+        else:
+            betas = (float(group["betas"][0]), float(group["betas"][1]))
+            spec = GroupSpec(
+                "adam", lr, float(group["weight_decay"]), betas=betas, eps=float(group["eps"])
+            )
+        for p in group["params"]:
+            out[names[id(p)]] = spec
+    return out
+
+
+def _mask(active: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The [C] client mask shaped to broadcast against a stacked [C, ...] tensor."""
+    return active.view(-1, *([1] * (like.dim() - 1)))
+
+
+class FunctionalOptimizer:
+    """One optimizer per client, stacked: `step` updates params[name] of shape [C, ...]."""
+
+    def __init__(self, specs: Mapping[str, GroupSpec]):
+        self.specs = dict(specs)
+        self.state: dict[str, dict[str, torch.Tensor]] = {name: {} for name in specs}
+        self.steps = 0
+
+    @torch.no_grad()
+    def step(
+        self,
+        params: dict[str, torch.Tensor],
+        grads: Mapping[str, torch.Tensor],
+        active: torch.Tensor | None,
+    ) -> None:
+        """Update `params` in the dict (new tensors, no in-place writes on the inputs)."""
+        self.steps += 1
+        for name, spec in self.specs.items():
+            p, g = params[name], grads[name]
+            if spec.weight_decay:
+                g = g + spec.weight_decay * p
+            update = self._sgd if spec.kind == "sgd" else self._adam
+            new_p, new_state = update(spec, p, g, self.state[name])
+            if active is not None:
+                m = _mask(active, p)
+                new_p = torch.where(m, new_p, p)
+                old = self.state[name]
+                new_state = {
+                    k: torch.where(m, v, old[k]) if k in old else v for k, v in new_state.items()
+                }
+            params[name] = new_p
+            self.state[name] = new_state
+
+    def _sgd(self, spec: GroupSpec, p, g, state):
+        if spec.momentum:
+            buf = state.get("momentum")
+            if buf is None:  # torch.optim.SGD: the first buffer is the gradient itself
+                buf = g.clone()
+            else:
+                buf = spec.momentum * buf + (1 - spec.dampening) * g
+            state = {"momentum": buf}
+            g = g + spec.momentum * buf if spec.nesterov else buf
+        return p - spec.lr * g, state
+
+    def _adam(self, spec: GroupSpec, p, g, state):
+        beta1, beta2 = spec.betas
+        m = state.get("exp_avg", torch.zeros_like(p))
+        v = state.get("exp_avg_sq", torch.zeros_like(p))
+        m = torch.lerp(m, g, 1 - beta1)
+        v = v * beta2 + (1 - beta2) * g * g
+        # every client active at a step has taken the same number of steps (padding is a tail)
+        step_size = spec.lr / (1 - beta1**self.steps)
+        denom = v.sqrt() / (1 - beta2**self.steps) ** 0.5 + spec.eps
+        return p - step_size * m / denom, {"exp_avg": m, "exp_avg_sq": v}

@@ -1,0 +1,40 @@
+"""Pieces of executor=distributed that need no process group: sharding and moving results."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedexp.core.distributed import DistributedExecutor, prepare_rank, shard, to_device
+from fedexp.core.types import ClientResult, ConfigError, Weights
+
+
+def test_shard_balances_samples_largest_first():
+    # 50 -> s0, 40 -> s1, 30 -> s1 (40 < 50), 20 -> s0 (50 < 70), 10 -> s0 (70 = 70, lower id)
+    sizes = {0: 10, 1: 50, 2: 20, 3: 40, 4: 30}
+    assert shard(sizes, 2) == [[0, 1, 2], [3, 4]]
+    assert shard(sizes, 1) == [[0, 1, 2, 3, 4]]
+    assert shard({7: 5}, 3) == [[7], [], []]
+
+
+def test_to_device_rebuilds_frozen_messages():
+    result = ClientResult(3, 10, Weights(torch.ones(2)), torch.tensor(0.5), 4, {"a": 1.0})
+    moved = to_device(result, torch.device("cpu"))
+    assert moved == result or torch.equal(moved.upload.values, result.upload.values)
+    assert isinstance(moved.upload, Weights) and moved.num_steps == 4
+
+
+def test_outside_torchrun_nothing_changes(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert prepare_rank(["a=1"]) == ["a=1"]
+    with pytest.raises(ConfigError, match="torchrun"):
+        DistributedExecutor(batch_size=8)
+
+
+def test_ranks_above_zero_write_to_a_scratch_dir(monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    extra = prepare_rank(["a=1"])
+    assert extra[0] == "a=1" and any(a.startswith("hydra.run.dir=") for a in extra)
+    assert "hydra/job_logging=disabled" in extra

@@ -1,0 +1,154 @@
+"""executor=vectorized: same results as the sequential executor; padding and stacking rules."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from tests.conftest import REPO
+from torch import nn
+
+from fedexp.__main__ import find_conf
+from fedexp.core.executors import SequentialExecutor, auto_executor
+from fedexp.core.orchestrator import Orchestrator
+from fedexp.core.seeding import sample_clients
+from fedexp.core.types import ConfigError
+from fedexp.core.vectorized import (
+    VectorizedExecutor,
+    _check_vmappable,
+    _ClientRun,
+    _PhasePlan,
+    _schedule,
+    _split_attrs,
+)
+from fedexp.run import Experiment
+
+# unequal client sizes (Dirichlet) and a batch that leaves short last batches
+TINY = [
+    "debug=smoke",
+    "partition=dirichlet",
+    "partition.min_size=5",
+    "num_clients=6",
+    "clients_per_round=4",
+    "client.batch_size=16",
+]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models on a shared 2-core box: a second intra-op thread only spins."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def experiment(tmp_path, *overrides: str) -> Experiment:
+    with initialize_config_dir(config_dir=find_conf(), version_base="1.3"):
+        cfg = compose("config", overrides=[*TINY, f"paths.cache_dir={tmp_path}", *overrides])
+    return Experiment(cfg, tmp_path)
+
+
+def train(exp: Experiment) -> tuple[torch.Tensor, dict]:
+    cfg = exp.cfg
+    orch = Orchestrator(
+        exp.algorithm,
+        exp.executor,
+        exp.data,
+        exp.attack,
+        seed=cfg.seed,
+        rounds=cfg.rounds,
+        clients_per_round=cfg.clients_per_round,
+        eval_every=cfg.eval_every,
+    )
+    last = orch.run()
+    return orch.state.params, {k: v for k, v in last.items() if not k.startswith("time/")}
+
+
+ALGORITHMS = sorted(p.stem for p in (REPO / "conf" / "algorithm").glob("*.yaml"))
+# objectives that draw random numbers inside training_step (Concrete samples): under vmap the
+# draws come from other streams, so only "trains and stays finite" is comparable
+STOCHASTIC = {"waffle"}
+VARIANTS = {
+    "fedprox": ["algorithm.mu=0.5"],
+    "fedrep": ["algorithm.head_epochs=2"],
+}
+CASES = [[f"algorithm={a}", *VARIANTS.get(a, [])] for a in ALGORITHMS] + [
+    ["algorithm=fedavg", "client.momentum=0.9", "client.weight_decay=0.01"],
+]
+
+
+@pytest.mark.parametrize("algorithm", CASES, ids=lambda c: "-".join(c).replace("algorithm=", ""))
+def test_vectorized_matches_sequential(tmp_path, algorithm):
+    # Prepare
+    seq = experiment(tmp_path, "executor=sequential", *algorithm)
+    vec = experiment(tmp_path, "executor=vectorized", *algorithm)
+    assert isinstance(vec.executor, VectorizedExecutor)
+    cohort = sample_clients(0, 1, 6, 4)
+    sizes = {seq.data.num_train(c) for c in cohort}
+    assert len(sizes) > 1 and any(n % 16 for n in sizes)  # padding and masks are exercised
+    # Execute
+    p_seq, m_seq = train(seq)
+    p_vec, m_vec = train(vec)
+    # Assert
+    assert m_seq.keys() == m_vec.keys()
+    if algorithm[0].removeprefix("algorithm=") in STOCHASTIC:
+        assert all(math.isfinite(v) for v in m_vec.values() if isinstance(v, float))
+        return
+    if p_seq is not None:
+        torch.testing.assert_close(p_vec, p_seq, rtol=1e-4, atol=1e-5)
+    for key, value in m_seq.items():
+        assert m_vec[key] == pytest.approx(value, abs=1e-5), key
+
+
+def test_schedule_pads_short_batches_and_masks_finished_clients():
+    # client 0: 5 samples -> batches [3], [2]; client 1: 2 samples -> one batch, then idle
+    orders = [torch.tensor([4, 0, 2, 1, 3])], [torch.tensor([1, 0])]
+    runs = [
+        _ClientRun(c, None, None, None, torch.zeros(n), {}, [_PhasePlan("all", (), s, o)], [])
+        for c, (n, s, o) in enumerate([(5, 2, orders[0]), (2, 1, orders[1])])
+    ]
+    idx, valid, active = _schedule(runs, 0, offsets=[0, 5], batch_size=3)
+    assert idx.tolist() == [[[4, 0, 2], [1, 3, 0]], [[6, 5, 5], [6, 5, 5]]]
+    assert valid.tolist() == [
+        [[True, True, True], [True, True, False]],
+        [[True, True, False], [True, True, False]],
+    ]
+    assert active.tolist() == [[True, True], [True, False]]
+
+
+def test_padded_labels_leave_the_gradient_of_the_real_batch():
+    # the padding convention: label -100 is ignored by F.cross_entropy's mean
+    torch.manual_seed(0)
+    layer = nn.Linear(4, 3)
+    x, y = torch.randn(2, 4), torch.tensor([0, 2])
+    real = torch.autograd.grad(nn.functional.cross_entropy(layer(x), y), layer.weight)[0]
+    xp, yp = torch.cat([x, torch.randn(3, 4)]), torch.cat([y, torch.full((3,), -100)])
+    padded = torch.autograd.grad(nn.functional.cross_entropy(layer(xp), yp), layer.weight)[0]
+    torch.testing.assert_close(padded, real)
+
+
+def test_attributes_shared_stay_and_per_client_ones_are_stacked():
+    anchor = [torch.ones(2)]
+    attrs = [
+        {"mu": 0.1, "anchor": anchor, "num_train": 10, "target": torch.zeros(3)},
+        {"mu": 0.1, "anchor": anchor, "num_train": 20, "target": torch.ones(3)},
+    ]
+    shared, batched = _split_attrs(attrs, torch.device("cpu"))
+    assert shared == {"mu": 0.1, "anchor": anchor}
+    assert batched["num_train"].tolist() == [10, 20]
+    assert batched["target"].tolist() == [[0.0] * 3, [1.0] * 3]
+    with pytest.raises(ConfigError, match="'target'"):
+        _split_attrs([{"target": torch.zeros(3)}, {"target": torch.zeros(4)}], "cpu")
+
+
+def test_batchnorm_running_stats_are_refused():
+    with pytest.raises(ConfigError, match="BatchNorm"):
+        _check_vmappable(nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2)))
+
+
+def test_auto_is_sequential_on_cpu_and_vectorized_on_cuda():
+    assert isinstance(auto_executor(8, device="cpu"), SequentialExecutor)
+    assert isinstance(auto_executor(8, device="cuda"), VectorizedExecutor)
