@@ -30,6 +30,7 @@ from fedexp.metrics.cka import linear_kernel
 from fedexp.models.family import cnn_family
 from fedexp.models.mlp import mlp
 from fedexp.run import Experiment
+from handworld import client_cfg
 
 REPO = Path(__file__).resolve().parents[2]
 HETERO = ("algorithm=fedhenn", "algorithm.variant=heterogeneous", "model=cnn_family")
@@ -226,7 +227,7 @@ def test_alignment_gradient_is_finite(target_is_kernel, changes):
     torch.manual_seed(0)
     opts = options(**changes)
     model = cnn_family((1, 8, 8), 10, arch=2) if target_is_kernel else mlp((1, 8, 8), 10)
-    module = AlignModule(model, None, opts, target_is_kernel)
+    module = AlignModule(model, client_cfg(), opts, target_is_kernel)
     rad = Rad(torch.randn(8, 1, 8, 8), 64)
     target_reps = torch.randn(8, 5)
     if target_is_kernel or opts.kernel == "rbf":
