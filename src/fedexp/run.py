@@ -20,6 +20,7 @@ from fedexp.core.orchestrator import Orchestrator
 from fedexp.core.types import ConfigError, Diverged
 from fedexp.data.federated import FederatedData
 from fedexp.data.partition import class_counts, partition_dataset
+from fedexp.data.partition_report import plot_label_distribution
 from fedexp.loggers.files import RunRecorder
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,8 @@ def build_data(cfg: DictConfig, device: torch.device) -> FederatedData:
         cache_dir=cfg.paths.cache_dir,
         cache_key={"dataset": OmegaConf.to_container(cfg.dataset, resolve=True)},
     )
+    if dataset.prepare is not None:  # e.g. a vocabulary fitted on the clients' train splits only
+        dataset = dataset.prepare(dataset, partition)
     return FederatedData(dataset, partition, device)
 
 
@@ -167,12 +170,19 @@ class Experiment:
         path.write_text("\n".join([header, *rows]) + "\n")
         return path
 
+    def write_partition_plot(self) -> Path:
+        counts = class_counts(self.data.train_labels(), self.data.partition, self.data.num_classes)
+        title = f"{self.data.dataset.name}: {self.cfg.partition.name} partition, label shares"
+        return plot_label_distribution(counts, self.run_dir / "partition_labels.png", title)
+
     def run(self, loggers: list, on_round=None, choices: dict | None = None) -> dict[str, Any]:
         cfg = self.cfg
         recorder = RunRecorder(self.run_dir)
         stats = self.write_partition_stats()
+        plot = self.write_partition_plot()
         for logger in loggers:
             logger.log_artifact(stats, "partition/class_counts")
+            logger.log_artifact(plot, "partition/label_distribution")
         orch = Orchestrator(
             self.algorithm,
             self.executor,

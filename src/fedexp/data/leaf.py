@@ -1,0 +1,142 @@
+"""LEAF datasets' on-disk layouts, and FEMNIST (62 classes, one natural client per writer).
+
+LEAF (Caldas et al., 2018) stores a dataset as JSON files of the form
+`{"users": [...], "num_samples": [...], "user_data": {user: {"x": [...], "y": [...]}}}`, under
+`data/train/` and `data/test/` after its preprocessing (or `data/all_data/` before the split).
+FEMNIST is also read from the Hugging Face parquet layout of `flwrlabs/femnist` (columns
+`image`, `writer_id`, `character`), which is what `dataset.download=true` fetches.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedexp.core.types import ConfigError
+from fedexp.data.datasets import Dataset
+
+FEMNIST_CLASSES = 62  # 10 digits, 26 upper-case, 26 lower-case letters (LEAF's label order)
+FEMNIST_HF_REPO = "flwrlabs/femnist"
+
+
+def leaf_files(root: Path) -> tuple[list[Path], list[Path]]:
+    """(train files, test files): root/train/*.json and root/test/*.json, else root/*.json."""
+    if (root / "train").is_dir():
+        return sorted((root / "train").glob("*.json")), sorted((root / "test").glob("*.json"))
+    return sorted(root.glob("*.json")), []
+
+
+def read_leaf_json(files: list[Path]) -> tuple[list, list, list[str]]:
+    """All samples of the given LEAF files, as flat lists (x, y, user), in file/user order."""
+    xs: list = []
+    ys: list = []
+    users: list[str] = []
+    for path in files:
+        with open(path) as fh:
+            blob = json.load(fh)
+        try:
+            for user in blob["users"]:
+                data = blob["user_data"][user]
+                if len(data["x"]) != len(data["y"]):
+                    raise ConfigError(f"dataset.data_dir: {path}: user {user} has len(x) != len(y)")
+                xs.extend(data["x"])
+                ys.extend(data["y"])
+                users.extend([str(user)] * len(data["y"]))
+        except (KeyError, TypeError) as err:
+            raise ConfigError(
+                f"dataset.data_dir: {path} is not LEAF JSON (users/user_data/x/y; {err!r})"
+            ) from None
+    return xs, ys, users
+
+
+def owner_ids(users: list[str]) -> np.ndarray:
+    """Integer client ids (0..U-1, in order of first appearance) for a list of owner names."""
+    index: dict[str, int] = {}
+    return np.array([index.setdefault(u, len(index)) for u in users], dtype=np.int64)
+
+
+def _femnist_tensors(x, y) -> tuple[torch.Tensor, torch.Tensor]:
+    images = torch.as_tensor(np.asarray(x, dtype=np.float32)).reshape(-1, 1, 28, 28)
+    labels = torch.as_tensor(np.asarray(y, dtype=np.int64))
+    if len(labels) and (labels.min() < 0 or labels.max() >= FEMNIST_CLASSES):
+        raise ConfigError(f"dataset.data_dir: FEMNIST labels outside [0, {FEMNIST_CLASSES})")
+    return images, labels
+
+
+def read_femnist_parquet(files: list[Path]) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """The HF `flwrlabs/femnist` parquet layout -> (float images in [0, 1], labels, writers)."""
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    images, labels, writers = [], [], []
+    for path in files:
+        table = pq.read_table(path, columns=["image", "writer_id", "character"]).to_pydict()
+        for img in table["image"]:
+            raw = img["bytes"] if isinstance(img, dict) else img
+            images.append(np.asarray(Image.open(io.BytesIO(raw)).convert("L"), dtype=np.uint8))
+        labels.extend(table["character"])
+        writers.extend(str(w) for w in table["writer_id"])
+    # LEAF's JSON holds pixel / 255 with the same white-background convention: one scale for both
+    return np.stack(images).astype(np.float32) / 255.0, np.asarray(labels), writers
+
+
+def _download_femnist(root: Path) -> None:
+    """Fetch flwrlabs/femnist with HF `datasets` and store it as parquet under root."""
+    try:
+        from datasets import load_dataset
+
+        hf = load_dataset(FEMNIST_HF_REPO, split="train", cache_dir=str(root / "hf_cache"))
+        (root / "parquet").mkdir(parents=True, exist_ok=True)
+        hf.to_parquet(str(root / "parquet" / "train.parquet"))
+    except Exception as err:
+        raise ConfigError(
+            f"dataset.data_dir: FEMNIST download of {FEMNIST_HF_REPO} to {root} failed "
+            f"({type(err).__name__}); put LEAF's train/ and test/ JSON dirs there"
+        ) from None
+
+
+def load_femnist(data_dir: str, download: bool = False, **_) -> Dataset:
+    """FEMNIST: 28x28 handwritten characters, 62 classes, writer ids as natural clients.
+
+    Reads LEAF JSON (data_dir/{train,test}/*.json, or data_dir/*.json) or else the HF parquet
+    layout (any *.parquet under data_dir). Pixels stay in [0, 1] as LEAF stores them (white = 1).
+    LEAF's test/ files, when present, are the pooled test set; otherwise the pooled test set is
+    the union of the clients' local test splits.
+    """
+    root = Path(data_dir).expanduser()
+    train_files, test_files = leaf_files(root) if root.is_dir() else ([], [])
+    parquet = sorted(root.rglob("*.parquet")) if root.is_dir() else []
+    if not train_files and not parquet and download:
+        _download_femnist(root)
+        parquet = sorted(root.rglob("*.parquet"))
+    if train_files:
+        x, y, users = read_leaf_json(train_files)
+        train_x, train_y = _femnist_tensors(x, y)
+        test_x = test_y = None
+        if test_files:
+            tx, ty, _users = read_leaf_json(test_files)
+            test_x, test_y = _femnist_tensors(tx, ty)
+    elif parquet:
+        x, y, users = read_femnist_parquet(parquet)
+        train_x, train_y = _femnist_tensors(x, y)
+        test_x = test_y = None
+    else:
+        raise ConfigError(
+            f"dataset.data_dir: FEMNIST not found at {root} (expected LEAF train/*.json and "
+            f"test/*.json, *.json, or {FEMNIST_HF_REPO} *.parquet); "
+            f"set dataset.download=true on a machine with internet"
+        )
+    return Dataset(
+        "femnist",
+        train_x,
+        train_y,
+        test_x,
+        test_y,
+        FEMNIST_CLASSES,
+        (1, 28, 28),
+        train_client_ids=owner_ids(users),
+    )
