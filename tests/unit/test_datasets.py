@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import run_dirs, summaries
 
+from conftest import REPO, run_dirs, summaries
 from fedexp.core.types import ConfigError
 from fedexp.data.augment import CropFlip
 from fedexp.data.datasets import load_cifar10, load_cifar100, load_fmnist, load_mnist
@@ -91,8 +91,6 @@ def test_mnist_idx_plain_and_gz(tmp_path):
     assert ds.train_x.shape == (30, 1, 28, 28) and ds.test_x.shape == (10, 1, 28, 28)
     assert ds.train_y.tolist() == [i % 10 for i in range(30)]
     assert ds.num_classes == 10 and ds.input_shape == (1, 28, 28)
-    # pixel 0 normalises to -mean/std
-    raw = write_idx  # noqa: F841  (the writer above defined the pixels; check one by hand)
     write_mnist(tmp_path / "gz", "FashionMNIST", gz=True)
     fm = load_fmnist(str(tmp_path / "gz"))
     assert fm.name == "fmnist" and fm.train_x.shape == (30, 1, 28, 28)
@@ -155,9 +153,9 @@ def test_femnist_leaf_json_natural_clients(tmp_path):
     write_leaf_femnist(tmp_path, {"f0001_41": 5, "f0002_42": 3, "f0003_43": 4}, test_per_writer=2)
     ds = load_femnist(str(tmp_path))
     assert ds.train_x.shape == (12, 1, 28, 28) and ds.test_x.shape == (6, 1, 28, 28)
-    assert ds.num_classes == 62 and 0 <= ds.train_y.min() and ds.train_y.max() < 62
+    assert ds.num_classes == 62 and ds.train_y.min() >= 0 and ds.train_y.max() < 62
     assert ds.train_client_ids.tolist() == [0] * 5 + [1] * 3 + [2] * 4
-    assert 0.0 <= ds.train_x.min() and ds.train_x.max() <= 1.0
+    assert ds.train_x.min() >= 0.0 and ds.train_x.max() <= 1.0
 
 
 def test_femnist_hf_parquet_layout(tmp_path):
@@ -187,6 +185,53 @@ def test_femnist_hf_parquet_layout(tmp_path):
     assert ds.test_x is None
 
 
+def compose_and_run(tmp_path: Path, monkeypatch, *overrides: str) -> tuple[dict, Path]:
+    """Compose the real config in-process (no interpreter start) and run it; (summary, dir)."""
+    from hydra import compose, initialize_config_dir
+
+    from fedexp.run import Experiment
+
+    monkeypatch.setenv("FEDEXP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("FEDEXP_DATA_DIR", str(tmp_path / "data"))
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=list(overrides))
+    run_dir = tmp_path / "run" / "_".join(o.replace("/", "-") for o in overrides)
+    run_dir.mkdir(parents=True)
+    return Experiment(cfg, run_dir).run([], None, {}), run_dir
+
+
+@pytest.mark.parametrize("dataset", ["mnist", "fmnist", "cifar100", "femnist"])
+def test_config_runs_each_image_dataset(tmp_path, monkeypatch, dataset):
+    data = tmp_path / "data"
+    write_mnist(data / "mnist", "MNIST", n_train=60, n_test=20)
+    write_mnist(data / "fmnist", "FashionMNIST", n_train=60, n_test=20, gz=True)
+    write_cifar100(data / "cifar100", n_train=200)
+    writers = {f"f{k:04d}_{k}": 4 + k for k in range(8)}
+    write_leaf_femnist(data / "femnist", writers)
+    overrides = ["debug=smoke", f"dataset={dataset}", "rounds=1"]
+    if dataset == "cifar100":
+        overrides.append("dataset.augment=true")
+    summary, run_dir = compose_and_run(tmp_path, monkeypatch, *overrides)
+    assert summary["status"] == "completed"
+    assert 0.0 <= summary["metrics"]["eval/global/acc"] <= 1.0
+    assert (run_dir / "partition_labels.png").stat().st_size > 1000
+    model = summary["config"]["model"]["_target_"].split(".")[-1]
+    assert model == {"cifar100": "cnn", "femnist": "femnist_cnn"}.get(dataset, "lenet5")
+    if dataset == "femnist":
+        # the natural split: 6 (= num_clients) of the 8 writers, each a client with all of its
+        # samples (local train + local test)
+        rows = (run_dir / "partition_stats.csv").read_text().splitlines()[1:]
+        sizes = [int(r.split(",")[2]) + int(r.split(",")[3]) for r in rows]
+        assert len(sizes) == 6 == len(set(sizes)) and set(sizes) <= set(writers.values())
+
+
+def test_natural_split_on_a_dataset_without_client_ids_is_one_line(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match=r"^partition: natural needs .*use partition=iid") as e:
+        compose_and_run(tmp_path, monkeypatch, "debug=smoke", "partition=natural")
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.slow
 def test_cli_every_image_dataset_from_its_default_data_dir(cli):
     """One multirun (one interpreter start) over the image datasets, each reading the small
     files written under FEDEXP_DATA_DIR=<cwd>/data in its real layout, default partition."""

@@ -178,7 +178,9 @@ def _load_cifar(
     files = [f"{folder}/{f}" for f in [*train_files, "test_batch" if name == "cifar10" else "test"]]
     layout = f"the python version ({folder}/)"
     if download and any(not (root / f).exists() for f in files):
-        _download(name.upper(), root, lambda: downloader(str(root), train=True, download=True), layout)
+        _download(
+            name.upper(), root, lambda: downloader(str(root), train=True, download=True), layout
+        )
     require_files(
         root, files, name.upper(), f"put {layout} there or set dataset.download=true online"
     )
