@@ -158,6 +158,21 @@ def test_femnist_leaf_json_natural_clients(tmp_path):
     assert ds.train_x.min() >= 0.0 and ds.train_x.max() <= 1.0
 
 
+def test_femnist_parsed_once_then_read_from_the_cache(tmp_path, monkeypatch):
+    write_leaf_femnist(tmp_path / "f", {"w1": 3, "w2": 2}, test_per_writer=1)
+    first = load_femnist(str(tmp_path / "f"), cache_dir=str(tmp_path / "cache"))
+    assert len(list((tmp_path / "cache" / "femnist").glob("*.npz"))) == 1
+
+    def no_parsing(*_a, **_k):
+        raise AssertionError("parsed again")
+
+    monkeypatch.setattr("fedexp.data.leaf.read_leaf_json", no_parsing)
+    again = load_femnist(str(tmp_path / "f"), cache_dir=str(tmp_path / "cache"))
+    assert torch.allclose(first.train_x, again.train_x, atol=1e-6)  # 3-decimal pixels: float32
+    assert torch.equal(first.test_y, again.test_y)
+    assert first.train_client_ids.tolist() == again.train_client_ids.tolist() == [0] * 3 + [1] * 2
+
+
 def test_femnist_hf_parquet_layout(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -223,6 +238,33 @@ def test_config_runs_each_image_dataset(tmp_path, monkeypatch, dataset):
         rows = (run_dir / "partition_stats.csv").read_text().splitlines()[1:]
         sizes = [int(r.split(",")[2]) + int(r.split(",")[3]) for r in rows]
         assert len(sizes) == 6 == len(set(sizes)) and set(sizes) <= set(writers.values())
+
+
+def test_label_distribution_png_goes_to_every_logger(tmp_path, monkeypatch):
+    from hydra import compose, initialize_config_dir
+
+    from fedexp.run import Experiment
+
+    class Recording:
+        def __init__(self):
+            self.artifacts = []
+
+        def log_metrics(self, metrics, step):
+            pass
+
+        def log_artifact(self, path, kind):
+            self.artifacts.append((Path(path).name, kind))
+
+        def finish(self, summary):
+            pass
+
+    monkeypatch.setenv("FEDEXP_CACHE_DIR", str(tmp_path / "cache"))
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["debug=smoke", "rounds=1"])
+    logger = Recording()
+    Experiment(cfg, tmp_path).run([logger], None, {})
+    assert ("partition_labels.png", "partition/label_distribution") in logger.artifacts
+    assert (tmp_path / "partition_labels.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_natural_split_on_a_dataset_without_client_ids_is_one_line(tmp_path, monkeypatch):

@@ -17,24 +17,38 @@ def plot_label_distribution(counts: np.ndarray, path: str | Path, title: str = "
 
     matplotlib.use("Agg")  # no display on servers; set before pyplot is imported
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     counts = np.asarray(counts, dtype=np.float64)
     num_clients, num_classes = counts.shape
     sizes = counts.sum(1)
     shares = counts / np.maximum(sizes, 1)[:, None]
-    height = min(12.0, 2.0 + 0.18 * num_clients)
-    width = min(16.0, 4.0 + 0.12 * num_classes)
+    height = min(12.0, 3.0 + 0.18 * num_clients)
+    width = min(16.0, 7.0 + 0.08 * num_classes)
     fig, (ax, bar) = plt.subplots(
-        1, 2, figsize=(width, height), gridspec_kw={"width_ratios": [4, 1]}, sharey=True
+        1,
+        2,
+        figsize=(width, height),
+        gridspec_kw={"width_ratios": [4, 1]},
+        sharey=True,
+        layout="constrained",
     )
     image = ax.imshow(shares, aspect="auto", cmap="viridis", vmin=0, vmax=1, interpolation="none")
     ax.set_xlabel("class")
     ax.set_ylabel("client")
-    ax.set_title(title or f"{num_clients} clients x {num_classes} classes")
-    fig.colorbar(image, ax=ax, label="share of the client's training samples", pad=0.01)
+    ax.set_title(title or f"{num_clients} clients x {num_classes} classes", fontsize=10)
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(MaxNLocator(integer=True))
     bar.barh(np.arange(num_clients), sizes, height=0.8, color="gray")
     bar.set_xlabel("training samples")
-    fig.tight_layout()
+    fig.colorbar(
+        image,
+        ax=[ax, bar],  # shrink both panels alike so client rows stay aligned
+        orientation="horizontal",
+        label="share of the client's training samples",
+        fraction=0.05,
+        pad=0.08,
+    )
     path = Path(path)
     fig.savefig(path, dpi=100)
     plt.close(fig)

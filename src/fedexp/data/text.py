@@ -190,11 +190,11 @@ def load_sent140(
     if csvs:
         texts, labels, users = read_sentiment140_csv(csvs)
     elif train_json:
-        xs, labels, users = read_leaf_json(train_json)
-        texts = _leaf_texts(xs)
+        chunks, labels, users = read_leaf_json(train_json, _leaf_texts)
+        texts = [t for chunk in chunks for t in chunk]
         if test_json:
-            txs, tys, _users = read_leaf_json(test_json)
-            test_texts = _leaf_texts(txs)
+            test_chunks, tys, _users = read_leaf_json(test_json, _leaf_texts)
+            test_texts = [t for chunk in test_chunks for t in chunk]
             test_y = torch.tensor([int(v) for v in tys], dtype=torch.long)
     else:
         raise ConfigError(
