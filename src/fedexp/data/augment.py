@@ -19,7 +19,7 @@ class CropFlip:
 
     Each image is padded by `padding` pixels of value `fill` (per channel, in normalised units:
     the caller passes the value of a black pixel), cropped back to its size at a random offset,
-    and mirrored with probability `flip_prob`. Done as one gather, so it costs one indexing op.
+    and mirrored with probability `flip_prob`.
     """
 
     padding: int = 4
@@ -39,6 +39,6 @@ class CropFlip:
         rows = dy[:, None] + torch.arange(h, device=x.device)  # (n, h)
         cols_fwd = torch.arange(w, device=x.device)
         cols = dx[:, None] + torch.where(flip[:, None], w - 1 - cols_fwd, cols_fwd)  # (n, w)
-        batch = torch.arange(n, device=x.device)[:, None, None, None]
-        chan = torch.arange(c, device=x.device)[None, :, None, None]
-        return padded[batch, chan, rows[:, None, :, None], cols[:, None, None, :]]
+        # two gathers (rows, then columns): an order of magnitude faster than one 4-d index
+        picked = padded.gather(2, rows[:, None, :, None].expand(n, c, h, w + 2 * p))
+        return picked.gather(3, cols[:, None, None, :].expand(n, c, h, w))
