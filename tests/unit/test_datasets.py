@@ -313,3 +313,22 @@ def test_cli_missing_data_dir_exits_2_with_one_line(cli):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("fedexp: error: dataset.data_dir: MNIST")
+
+
+def _offline(*_a, **_k):
+    raise ConnectionError("no network")
+
+
+@pytest.mark.parametrize(
+    "loader,patch",
+    [
+        (load_mnist, "torchvision.datasets.MNIST"),
+        (load_cifar100, "torchvision.datasets.CIFAR100"),
+        (load_femnist, "datasets.load_dataset"),
+    ],
+)
+def test_failed_download_is_one_line(tmp_path, monkeypatch, loader, patch):
+    monkeypatch.setattr(patch, _offline)
+    with pytest.raises(ConfigError, match=r"^dataset\.data_dir: .*download .*failed") as err:
+        loader(str(tmp_path), download=True)
+    assert "ConnectionError" in str(err.value) and "\n" not in str(err.value)
