@@ -162,85 +162,80 @@ def read_cifar_pickles(files: list[Path], label_key: str) -> tuple[np.ndarray, n
     return np.concatenate(images).transpose(0, 2, 3, 1), np.asarray(labels, dtype=np.int64)
 
 
+@dataclass(frozen=True)
+class CifarLayout:
+    """Where a CIFAR variant's pickles are and how to read them."""
+
+    name: str
+    folder: str
+    train_files: tuple[str, ...]
+    test_file: str
+    label_key: str
+    num_classes: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
+CIFAR10 = CifarLayout(
+    "cifar10",
+    "cifar-10-batches-py",
+    tuple(f"data_batch_{i}" for i in range(1, 6)),
+    "test_batch",
+    "labels",
+    10,
+    CIFAR10_MEAN,
+    CIFAR10_STD,
+)
+CIFAR100 = CifarLayout(
+    "cifar100",
+    "cifar-100-python",
+    ("train",),
+    "test",
+    "fine_labels",  # the 100 fine classes, not the 20 superclasses
+    100,
+    (0.5071, 0.4865, 0.4409),
+    (0.2673, 0.2564, 0.2762),
+)
+
+
 def _load_cifar(
-    name: str,
-    root: Path,
-    folder: str,
-    train_files: list[str],
-    label_key: str,
-    num_classes: int,
-    mean,
-    std,
-    download: bool,
-    downloader,
-    augment: bool,
+    spec: CifarLayout, data_dir: str, download: bool, downloader, augment: bool
 ) -> Dataset:
-    files = [f"{folder}/{f}" for f in [*train_files, "test_batch" if name == "cifar10" else "test"]]
-    layout = f"the python version ({folder}/)"
+    root = Path(data_dir).expanduser()
+    files = [f"{spec.folder}/{f}" for f in (*spec.train_files, spec.test_file)]
+    layout = f"the python version ({spec.folder}/)"
+    what = spec.name.upper()
     if download and any(not (root / f).exists() for f in files):
-        _download(
-            name.upper(), root, lambda: downloader(str(root), train=True, download=True), layout
-        )
-    require_files(
-        root, files, name.upper(), f"put {layout} there or set dataset.download=true online"
-    )
-    tx, ty = read_cifar_pickles([root / f for f in files[:-1]], label_key)
-    vx, vy = read_cifar_pickles([root / files[-1]], label_key)
-    if ty.min() < 0 or max(ty.max(), vy.max()) >= num_classes:
-        raise ConfigError(f"dataset.data_dir: {name} labels outside [0, {num_classes}) in {root}")
+        _download(what, root, lambda: downloader(str(root), train=True, download=True), layout)
+    require_files(root, files, what, f"put {layout} there or set dataset.download=true online")
+    tx, ty = read_cifar_pickles([root / f for f in files[:-1]], spec.label_key)
+    vx, vy = read_cifar_pickles([root / files[-1]], spec.label_key)
+    if min(ty.min(), vy.min()) < 0 or max(ty.max(), vy.max()) >= spec.num_classes:
+        raise ConfigError(f"dataset.data_dir: {what} labels outside [0, {spec.num_classes})")
     return Dataset(
-        name,
-        images_to_tensor(tx, mean, std),
+        spec.name,
+        images_to_tensor(tx, spec.mean, spec.std),
         torch.from_numpy(ty),
-        images_to_tensor(vx, mean, std),
+        images_to_tensor(vx, spec.mean, spec.std),
         torch.from_numpy(vy),
-        num_classes,
+        spec.num_classes,
         (3, 32, 32),
-        batch_transform=_augmenter(augment, mean, std),
+        batch_transform=_augmenter(augment, spec.mean, spec.std),
     )
 
 
 def load_cifar10(data_dir: str, download: bool = False, augment: bool = False, **_) -> Dataset:
     """CIFAR-10 from the python-pickle layout torchvision uses (cifar-10-batches-py/)."""
-    from torchvision.datasets import CIFAR10
+    from torchvision.datasets import CIFAR10 as Downloader
 
-    batches = [f"data_batch_{i}" for i in range(1, 6)]
-    return _load_cifar(
-        "cifar10",
-        Path(data_dir).expanduser(),
-        "cifar-10-batches-py",
-        batches,
-        "labels",
-        10,
-        CIFAR10_MEAN,
-        CIFAR10_STD,
-        download,
-        CIFAR10,
-        augment,
-    )
-
-
-CIFAR100_MEAN = (0.5071, 0.4865, 0.4409)
-CIFAR100_STD = (0.2673, 0.2564, 0.2762)
+    return _load_cifar(CIFAR10, data_dir, download, Downloader, augment)
 
 
 def load_cifar100(data_dir: str, download: bool = False, augment: bool = False, **_) -> Dataset:
     """CIFAR-100 (100 fine labels) from the python-pickle layout (cifar-100-python/{train,test})."""
-    from torchvision.datasets import CIFAR100
+    from torchvision.datasets import CIFAR100 as Downloader
 
-    return _load_cifar(
-        "cifar100",
-        Path(data_dir).expanduser(),
-        "cifar-100-python",
-        ["train"],
-        "fine_labels",
-        100,
-        CIFAR100_MEAN,
-        CIFAR100_STD,
-        download,
-        CIFAR100,
-        augment,
-    )
+    return _load_cifar(CIFAR100, data_dir, download, Downloader, augment)
 
 
 IDX_FILES = {
