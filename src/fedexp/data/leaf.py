@@ -22,6 +22,7 @@ from fedexp.data.datasets import Dataset
 
 FEMNIST_CLASSES = 62  # 10 digits, 26 upper-case, 26 lower-case letters (LEAF's label order)
 FEMNIST_HF_REPO = "flwrlabs/femnist"
+HF_CACHE = "hf_cache"  # under data_dir: what `datasets` downloads before the parquet export
 
 
 def leaf_files(root: Path) -> tuple[list[Path], list[Path]]:
@@ -90,8 +91,15 @@ def read_femnist_parquet(files: list[Path]) -> tuple[list[np.ndarray], list, lis
             images.append(np.asarray(Image.open(io.BytesIO(raw)).convert("L"), dtype=np.uint8))
         labels.extend(table["character"])
         writers.extend(str(w) for w in table["writer_id"])
-    # LEAF's JSON holds pixel / 255 with the same white-background convention: one scale for both
+    # the same scale as LEAF's JSON (pixel / 255)
     return [np.stack(images).reshape(-1, 784).astype(np.float32) / 255.0], labels, writers
+
+
+def _parquet_files(root: Path) -> list[Path]:
+    """*.parquet under root, outside the download cache (whose copies would count twice)."""
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.rglob("*.parquet") if HF_CACHE not in p.relative_to(root).parts)
 
 
 def _download_femnist(root: Path) -> None:
@@ -99,7 +107,7 @@ def _download_femnist(root: Path) -> None:
     try:
         from datasets import load_dataset
 
-        hf = load_dataset(FEMNIST_HF_REPO, split="train", cache_dir=str(root / "hf_cache"))
+        hf = load_dataset(FEMNIST_HF_REPO, split="train", cache_dir=str(root / HF_CACHE))
         (root / "parquet").mkdir(parents=True, exist_ok=True)
         hf.to_parquet(str(root / "parquet" / "train.parquet"))
     except Exception as err:
@@ -151,10 +159,10 @@ def load_femnist(
     """
     root = Path(data_dir).expanduser()
     train_files, test_files = leaf_files(root) if root.is_dir() else ([], [])
-    parquet = sorted(root.rglob("*.parquet")) if root.is_dir() else []
+    parquet = _parquet_files(root)
     if not train_files and not parquet and download:
         _download_femnist(root)
-        parquet = sorted(root.rglob("*.parquet"))
+        parquet = _parquet_files(root)
 
     def read() -> dict[str, np.ndarray]:
         if train_files:
