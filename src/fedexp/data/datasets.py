@@ -167,6 +167,7 @@ class CifarLayout:
     """Where a CIFAR variant's pickles are and how to read them."""
 
     name: str
+    title: str  # as messages name it
     folder: str
     train_files: tuple[str, ...]
     test_file: str
@@ -178,6 +179,7 @@ class CifarLayout:
 
 CIFAR10 = CifarLayout(
     "cifar10",
+    "CIFAR-10",
     "cifar-10-batches-py",
     tuple(f"data_batch_{i}" for i in range(1, 6)),
     "test_batch",
@@ -188,6 +190,7 @@ CIFAR10 = CifarLayout(
 )
 CIFAR100 = CifarLayout(
     "cifar100",
+    "CIFAR-100",
     "cifar-100-python",
     ("train",),
     "test",
@@ -204,7 +207,7 @@ def _load_cifar(
     root = Path(data_dir).expanduser()
     files = [f"{spec.folder}/{f}" for f in (*spec.train_files, spec.test_file)]
     layout = f"the python version ({spec.folder}/)"
-    what = spec.name.upper()
+    what = spec.title
     if download and any(not (root / f).exists() for f in files):
         _download(what, root, lambda: downloader(str(root), train=True, download=True), layout)
     require_files(root, files, what, f"put {layout} there or set dataset.download=true online")
