@@ -201,3 +201,16 @@ def test_server_pool_rows_are_encoded_but_never_fit(tmp_path):
     assert ds.server_x.shape == (3, 25) and len(ds.train_y) == 9
     assert ds.model_kwargs["vocab_size"] == 2 + len(COMMON) + 9
     assert ds.server_x[:, 1].tolist() == [UNK] * 3  # the pool's own words are not fitted
+
+
+def test_lstm_yaml_is_one_architecture_and_lstm_family_a_family():
+    from omegaconf import OmegaConf
+
+    from conftest import REPO
+    from fedexp.core.config import build
+
+    single = build(OmegaConf.load(REPO / "conf/model/lstm.yaml"))
+    family = build(OmegaConf.load(REPO / "conf/model/lstm_family.yaml"))
+    assert "num_archs" not in single.keywords and family.keywords["num_archs"] == 2
+    layers = [family((25,), 2, vocab_size=9, arch=a).body.lstm.num_layers for a in (0, 1)]
+    assert layers == [1, 2] and single((25,), 2, vocab_size=9).body.lstm.num_layers == 2
