@@ -155,7 +155,8 @@ class Experiment:
         # audits and other end-of-evaluation hooks (privacy=mia, ...)
         self.callbacks = [build(cfg.privacy, ctx=ctx)] if cfg.get("privacy") else []
 
-    def write_partition_stats(self) -> Path:
+    def write_partition_stats(self, loggers: list = ()) -> Path:
+        """partition_stats.csv (returned) and the label-distribution PNG (logged here)."""
         counts = class_counts(self.data.train_labels(), self.data.partition, self.data.num_classes)
         path = self.run_dir / "partition_stats.csv"
         header = "client,group,n_train,n_test," + ",".join(
@@ -168,21 +169,18 @@ class Experiment:
             for c in range(len(counts))
         ]
         path.write_text("\n".join([header, *rows]) + "\n")
-        return path
-
-    def write_partition_plot(self) -> Path:
-        counts = class_counts(self.data.train_labels(), self.data.partition, self.data.num_classes)
         title = f"{self.data.dataset.name}: {self.cfg.partition.name} partition, label shares"
-        return plot_label_distribution(counts, self.run_dir / "partition_labels.png", title)
+        plot = plot_label_distribution(counts, self.run_dir / "partition_labels.png", title)
+        for logger in loggers:
+            logger.log_artifact(plot, "partition/label_distribution")
+        return path
 
     def run(self, loggers: list, on_round=None, choices: dict | None = None) -> dict[str, Any]:
         cfg = self.cfg
         recorder = RunRecorder(self.run_dir)
-        stats = self.write_partition_stats()
-        plot = self.write_partition_plot()
+        stats = self.write_partition_stats(loggers)
         for logger in loggers:
             logger.log_artifact(stats, "partition/class_counts")
-            logger.log_artifact(plot, "partition/label_distribution")
         orch = Orchestrator(
             self.algorithm,
             self.executor,
