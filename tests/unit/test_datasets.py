@@ -268,7 +268,7 @@ def test_label_distribution_png_goes_to_every_logger(tmp_path, monkeypatch):
 
 
 def test_natural_split_on_a_dataset_without_client_ids_is_one_line(tmp_path, monkeypatch):
-    with pytest.raises(ConfigError, match=r"^partition: natural needs .*use partition=iid") as e:
+    with pytest.raises(ConfigError, match=r"^partition: natural split needs .*iid") as e:
         compose_and_run(tmp_path, monkeypatch, "debug=smoke", "partition=natural")
     assert "\n" not in str(e.value)
 

@@ -38,5 +38,5 @@ def test_max_clients_keeps_a_seeded_subset_in_owner_order():
 def test_count_mismatch_and_missing_ids_are_one_line_errors():
     with pytest.raises(ConfigError, match=r"^num_clients: the natural split has 3 clients .*got 5"):
         split(5, min_samples=2)
-    with pytest.raises(ConfigError, match=r"^partition: natural needs a dataset with natural"):
+    with pytest.raises(ConfigError, match=r"^partition: natural split needs a dataset"):
         natural(np.zeros(4), 2, np.random.default_rng(0), None)

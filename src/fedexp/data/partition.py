@@ -125,8 +125,8 @@ def natural(
     """
     if client_ids is None:
         raise ConfigError(
-            "partition: natural needs a dataset with natural clients (writer or user ids: "
-            "femnist, sent140, synthetic); use partition=iid, shards or dirichlet for this dataset"
+            "partition: natural split needs a dataset with client ids (writers, users: femnist, "
+            "sent140, synthetic); use partition=iid, shards or dirichlet for this dataset"
         )
     owners, counts = np.unique(client_ids, return_counts=True)
     eligible = np.flatnonzero(counts >= min_samples)
