@@ -31,6 +31,7 @@ from fedexp.core.types import ConfigError, Diverged
 from fedexp.core.validation import validate_config, validate_data
 from fedexp.data.federated import FederatedData
 from fedexp.data.partition import class_counts, partition_dataset
+from fedexp.data.partition_report import plot_label_distribution
 from fedexp.loggers.files import RunRecorder
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,8 @@ def build_data(cfg: DictConfig, device: torch.device) -> FederatedData:
         cache_dir=cfg.paths.cache_dir,
         cache_key={"dataset": OmegaConf.to_container(cfg.dataset, resolve=True)},
     )
+    if dataset.prepare is not None:  # e.g. a vocabulary fitted on the clients' train splits only
+        dataset = dataset.prepare(dataset, partition)
     return FederatedData(dataset, partition, device)
 
 
@@ -175,7 +178,8 @@ class Experiment:
         # audits and other end-of-evaluation hooks (privacy=mia, ...)
         self.callbacks = [build(cfg.privacy, ctx=ctx)] if cfg.get("privacy") else []
 
-    def write_partition_stats(self) -> Path:
+    def write_partition_stats(self, loggers: list = ()) -> Path:
+        """partition_stats.csv (returned) and the label-distribution PNG (logged here)."""
         counts = class_counts(self.data.train_labels(), self.data.partition, self.data.num_classes)
         path = self.run_dir / "partition_stats.csv"
         header = "client,group,n_train,n_test," + ",".join(
@@ -188,6 +192,10 @@ class Experiment:
             for c in range(len(counts))
         ]
         path.write_text("\n".join([header, *rows]) + "\n")
+        title = f"{self.data.dataset.name}: {self.cfg.partition.name} partition, label shares"
+        plot = plot_label_distribution(counts, self.run_dir / "partition_labels.png", title)
+        for logger in loggers:
+            logger.log_artifact(plot, "partition/label_distribution")
         return path
 
     def restore_logger(self, logger) -> None:
@@ -197,7 +205,7 @@ class Experiment:
     def run(self, loggers: list, on_round=None, choices: dict | None = None) -> dict[str, Any]:
         cfg = self.cfg
         recorder = RunRecorder(self.run_dir)
-        stats = self.write_partition_stats()
+        stats = self.write_partition_stats(loggers)
         for logger in loggers:
             logger.log_artifact(stats, "partition/class_counts")
         components = {"attack": self.attack, "executor": self.executor}

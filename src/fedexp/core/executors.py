@@ -18,10 +18,12 @@ def train_local(
     y: torch.Tensor,
     batch_size: int,
     generator: torch.Generator,
+    batch_transform=None,
 ) -> tuple[torch.Tensor, int]:
     """Drive the module's `training_step` over its phases; returns (mean loss tensor, steps).
 
     The mean loss stays a tensor so a round costs one host sync, not one per client.
+    `batch_transform(x_batch, generator)` is the dataset's training augmentation, if any.
     """
     if not (module.training and module.model.training):  # a full .train() walks every module
         module.train()
@@ -35,7 +37,8 @@ def train_local(
             order = torch.randperm(n, generator=generator).to(x.device)
             for start in range(0, n, batch_size):
                 idx = order[start : start + batch_size]
-                loss = module.training_step((x[idx], y[idx]), steps)
+                xb = x[idx] if batch_transform is None else batch_transform(x[idx], generator)
+                loss = module.training_step((xb, y[idx]), steps)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
@@ -61,7 +64,9 @@ class SequentialExecutor:
             module.generator = client_generator(ctx.seed, ctx.round, cid)
             algorithm.client_begin(module, cid, payloads[cid])
             x, y = data.train(cid)
-            loss, steps = train_local(module, x, y, self.batch_size, module.generator)
+            loss, steps = train_local(
+                module, x, y, self.batch_size, module.generator, data.batch_transform
+            )
             upload = algorithm.client_end(module, cid, payloads[cid])
             results.append(ClientResult(cid, len(y), upload, loss, steps))
         return results

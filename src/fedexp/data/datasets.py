@@ -1,13 +1,20 @@
 """Dataset loaders. Each returns a `Dataset`: whole train/test tensors in memory.
 
-Real files are read with torchvision or scikit-learn; nothing is downloaded unless the dataset
-config allows it, and a missing copy gives one `ConfigError` naming the path and files expected.
+Files are read in the on-disk layouts torchvision downloads (IDX for MNIST/Fashion-MNIST, python
+pickles for CIFAR); torchvision is used to download only, because its loaders check the files'
+md5 sums. Nothing is downloaded unless `dataset.download` allows it, and a missing copy gives one
+`ConfigError` naming the path and the files expected. FEMNIST and Sentiment140 live in `leaf.py`
+and `text.py`.
 """
 
 from __future__ import annotations
 
+import gzip
+import pickle
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,6 +41,11 @@ class Dataset:
     train_client_ids: np.ndarray | None = None
     server_x: torch.Tensor | None = None  # unlabelled server-side pool (see `server_pool`)
     model_kwargs: dict = field(default_factory=dict)  # extra model-factory args (vocab_size...)
+    # training-time augmentation of one batch, drawn from the client's generator (see augment.py)
+    batch_transform: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None = None
+    # preprocessing fitted after partitioning, on the clients' local training samples only (a
+    # text vocabulary): `prepare(dataset, partition) -> dataset`, called once by `fedexp.run`
+    prepare: Callable[[Dataset, Any], Dataset] | None = None
 
 
 def _split_holdout(x, y, fraction: float, seed: int):
@@ -120,36 +132,180 @@ def images_to_tensor(array: np.ndarray, mean, std) -> torch.Tensor:
     return (x - m) / s
 
 
-def load_cifar10(data_dir: str, download: bool = False, **_) -> Dataset:
-    """CIFAR-10 from the python-pickle layout torchvision uses (cifar-10-batches-py/)."""
-    from torchvision.datasets import CIFAR10
+def _download(what: str, root: Path, fetch: Callable[[], object], layout: str) -> None:
+    """Run a torchvision download; without network, one ConfigError instead of a traceback."""
+    try:
+        fetch()
+    except Exception as err:
+        raise ConfigError(
+            f"dataset.data_dir: {what} download to {root} failed ({type(err).__name__}); "
+            f"put {layout} there"
+        ) from None
 
+
+def _augmenter(augment: bool, mean, std):
+    if not augment:
+        return None
+    from fedexp.data.augment import CropFlip
+
+    return CropFlip(fill=tuple(-m / s for m, s in zip(mean, std)))  # pad with black pixels
+
+
+def read_cifar_pickles(files: list[Path], label_key: str) -> tuple[np.ndarray, np.ndarray]:
+    """CIFAR python-pickle batches -> (uint8 NHWC images, int labels)."""
+    images, labels = [], []
+    for f in files:
+        with open(f, "rb") as fh:
+            entry = pickle.load(fh, encoding="latin1")
+        images.append(np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
+        labels.extend(entry[label_key])
+    return np.concatenate(images).transpose(0, 2, 3, 1), np.asarray(labels, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class CifarLayout:
+    """Where a CIFAR variant's pickles are and how to read them."""
+
+    name: str
+    title: str  # as messages name it
+    folder: str
+    train_files: tuple[str, ...]
+    test_file: str
+    label_key: str
+    num_classes: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
+CIFAR10 = CifarLayout(
+    "cifar10",
+    "CIFAR-10",
+    "cifar-10-batches-py",
+    tuple(f"data_batch_{i}" for i in range(1, 6)),
+    "test_batch",
+    "labels",
+    10,
+    CIFAR10_MEAN,
+    CIFAR10_STD,
+)
+CIFAR100 = CifarLayout(
+    "cifar100",
+    "CIFAR-100",
+    "cifar-100-python",
+    ("train",),
+    "test",
+    "fine_labels",  # the 100 fine classes, not the 20 superclasses
+    100,
+    (0.5071, 0.4865, 0.4409),
+    (0.2673, 0.2564, 0.2762),
+)
+
+
+def _load_cifar(
+    spec: CifarLayout, data_dir: str, download: bool, downloader, augment: bool
+) -> Dataset:
     root = Path(data_dir).expanduser()
-    files = [f"cifar-10-batches-py/data_batch_{i}" for i in range(1, 6)]
-    files.append("cifar-10-batches-py/test_batch")
+    files = [f"{spec.folder}/{f}" for f in (*spec.train_files, spec.test_file)]
+    layout = f"the python version ({spec.folder}/)"
+    what = spec.title
     if download and any(not (root / f).exists() for f in files):
-        try:
-            CIFAR10(root=str(root), train=True, download=True)
-        except Exception as err:  # no network: fall through to the one-line error
-            raise ConfigError(
-                f"dataset.data_dir: CIFAR-10 download to {root} failed ({type(err).__name__}); "
-                f"put the python version (cifar-10-batches-py/) there"
-            ) from None
-    require_files(
-        root,
-        files,
-        "CIFAR-10",
-        "put the python version (cifar-10-batches-py/) there "
-        "or set dataset.download=true on a machine with internet",
-    )
-    train = CIFAR10(root=str(root), train=True, download=False)
-    test = CIFAR10(root=str(root), train=False, download=False)
+        _download(what, root, lambda: downloader(str(root), train=True, download=True), layout)
+    require_files(root, files, what, f"put {layout} there or set dataset.download=true online")
+    tx, ty = read_cifar_pickles([root / f for f in files[:-1]], spec.label_key)
+    vx, vy = read_cifar_pickles([root / files[-1]], spec.label_key)
+    if min(ty.min(), vy.min()) < 0 or max(ty.max(), vy.max()) >= spec.num_classes:
+        raise ConfigError(f"dataset.data_dir: {what} labels outside [0, {spec.num_classes})")
     return Dataset(
-        "cifar10",
-        images_to_tensor(train.data, CIFAR10_MEAN, CIFAR10_STD),
-        torch.tensor(train.targets, dtype=torch.long),
-        images_to_tensor(test.data, CIFAR10_MEAN, CIFAR10_STD),
-        torch.tensor(test.targets, dtype=torch.long),
-        10,
+        spec.name,
+        images_to_tensor(tx, spec.mean, spec.std),
+        torch.from_numpy(ty),
+        images_to_tensor(vx, spec.mean, spec.std),
+        torch.from_numpy(vy),
+        spec.num_classes,
         (3, 32, 32),
+        batch_transform=_augmenter(augment, spec.mean, spec.std),
     )
+
+
+def load_cifar10(data_dir: str, download: bool = False, augment: bool = False, **_) -> Dataset:
+    """CIFAR-10 from the python-pickle layout torchvision uses (cifar-10-batches-py/)."""
+    from torchvision.datasets import CIFAR10 as Downloader
+
+    return _load_cifar(CIFAR10, data_dir, download, Downloader, augment)
+
+
+def load_cifar100(data_dir: str, download: bool = False, augment: bool = False, **_) -> Dataset:
+    """CIFAR-100 (100 fine labels) from the python-pickle layout (cifar-100-python/{train,test})."""
+    from torchvision.datasets import CIFAR100 as Downloader
+
+    return _load_cifar(CIFAR100, data_dir, download, Downloader, augment)
+
+
+IDX_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """An IDX file of unsigned bytes (plain or .gz), as LeCun's MNIST files are."""
+    data = path.read_bytes()
+    if path.suffix == ".gz":
+        data = gzip.decompress(data)
+    magic = int.from_bytes(data[:4], "big")
+    if magic >> 8 != 0x08:  # 0x08: unsigned byte; the dimension count is the low byte
+        raise ConfigError(f"dataset.data_dir: {path} is not an unsigned-byte IDX file")
+    ndim = magic & 0xFF
+    dims = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims).copy()
+
+
+def _load_idx_dataset(
+    name: str, folder: str, data_dir: str, download: bool, downloader, mean, std
+) -> Dataset:
+    """MNIST-style data: <data_dir>/<folder>/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte."""
+    root = Path(data_dir).expanduser()
+    raw = root / folder / "raw"
+
+    def present(f: str) -> bool:
+        return (raw / f).exists() or (raw / f"{f}.gz").exists()
+
+    names = [f for pair in IDX_FILES.values() for f in pair]
+    layout = f"the IDX files (.gz or extracted) in {folder}/raw/"
+    if download and not all(present(f) for f in names):
+        _download(name, root, lambda: downloader(str(root), train=True, download=True), layout)
+    missing = [f for f in names if not present(f)]
+    if missing:
+        require_files(raw, missing, name, f"put {layout} or set dataset.download=true online")
+
+    def read(f: str) -> np.ndarray:
+        return read_idx(raw / f if (raw / f).exists() else raw / f"{f}.gz")
+
+    split = {k: (read(img), read(lab)) for k, (img, lab) in IDX_FILES.items()}
+    return Dataset(
+        name.lower().replace("-", ""),
+        images_to_tensor(split["train"][0], mean, std),
+        torch.from_numpy(split["train"][1].astype(np.int64)),
+        images_to_tensor(split["test"][0], mean, std),
+        torch.from_numpy(split["test"][1].astype(np.int64)),
+        10,
+        (1, *split["train"][0].shape[1:]),
+    )
+
+
+def load_mnist(data_dir: str, download: bool = False, **_) -> Dataset:
+    """MNIST (torchvision layout MNIST/raw/), normalised with the usual mean 0.1307, std 0.3081."""
+    from torchvision.datasets import MNIST
+
+    return _load_idx_dataset("MNIST", "MNIST", data_dir, download, MNIST, (0.1307,), (0.3081,))
+
+
+def load_fmnist(data_dir: str, download: bool = False, **_) -> Dataset:
+    """Fashion-MNIST (torchvision layout FashionMNIST/raw/), mean 0.2860, std 0.3530."""
+    from torchvision.datasets import FashionMNIST
+
+    dataset = _load_idx_dataset(
+        "Fashion-MNIST", "FashionMNIST", data_dir, download, FashionMNIST, (0.2860,), (0.3530,)
+    )
+    dataset.name = "fmnist"
+    return dataset

@@ -45,6 +45,11 @@ class FederatedData:
         return self.dataset.input_shape
 
     @property
+    def batch_transform(self):
+        """Training-time augmentation `(x_batch, generator) -> x_batch`, or None."""
+        return self.dataset.batch_transform
+
+    @property
     def groups(self) -> list[str] | None:
         return self.partition.groups
 

@@ -112,17 +112,36 @@ def natural(
     num_clients: int,
     rng: np.random.Generator,
     client_ids: np.ndarray | None = None,
+    min_samples: int = 0,
+    max_clients: int | None = None,
     **_,
 ) -> list[np.ndarray]:
-    """One client per natural owner (writer, user, generating client), in owner order."""
+    """One client per natural owner (writer, user, generating client), in owner order.
+
+    Owners with fewer than `min_samples` samples are dropped; if more than `max_clients` remain,
+    a seeded random subset of that many is kept (LEAF samples users the same way). The result
+    must have exactly `num_clients` owners (the YAML default `max_clients: ${num_clients}` makes
+    `num_clients=N` pick N of them).
+    """
     if client_ids is None:
-        raise ConfigError("partition: natural split needs a dataset with client ids")
-    owners = np.unique(client_ids)
-    if num_clients != len(owners):
         raise ConfigError(
-            f"num_clients: the natural split has {len(owners)} clients, got {num_clients}"
+            "partition: natural split needs a dataset with client ids (writers, users: femnist, "
+            "sent140, synthetic); use partition=iid, shards or dirichlet for this dataset"
         )
-    return [np.flatnonzero(client_ids == o) for o in owners]
+    owners, counts = np.unique(client_ids, return_counts=True)
+    eligible = np.flatnonzero(counts >= min_samples)
+    if max_clients is not None and len(eligible) > max_clients:
+        eligible = np.sort(rng.choice(eligible, max_clients, replace=False))
+    if num_clients != len(eligible):
+        raise ConfigError(
+            f"num_clients: the natural split has {len(eligible)} clients (owners with >= "
+            f"{min_samples} samples, at most partition.max_clients={max_clients}), "
+            f"got {num_clients}"
+        )
+    # group sample indices by owner in one sort (a mask per owner is quadratic for FEMNIST)
+    order = np.argsort(np.searchsorted(owners, client_ids), kind="stable")
+    groups = np.split(order, np.cumsum(counts)[:-1])
+    return [groups[o] for o in eligible]
 
 
 def multimodal(

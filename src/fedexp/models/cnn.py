@@ -59,3 +59,22 @@ def lenet5(input_shape: tuple[int, ...], num_classes: int):
     Small inputs (< 16 px) are padded so both poolings stay valid.
     """
     return cnn(input_shape, num_classes, channels=(6, 16), hidden=(120, 84), kernel_size=5)
+
+
+def femnist_cnn(input_shape: tuple[int, ...], num_classes: int):
+    """LEAF's FEMNIST CNN: conv 32@5x5 (same), pool 2, conv 64@5x5 (same), pool 2, FC 2048, FC.
+
+    On 28x28 inputs: 7*7*64 = 3136 -> 2048 -> num_classes (6.6M parameters for 62 classes).
+    """
+    convs = nn.Sequential(
+        nn.Conv2d(input_shape[0], 32, 5, padding=2),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5, padding=2),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+    )
+    flat = _flat_size(convs, input_shape)
+    body = nn.Sequential(*convs, nn.Linear(flat, 2048), nn.ReLU())
+    return BodyHead(body, nn.Linear(2048, num_classes))

@@ -1,0 +1,202 @@
+"""LEAF datasets' on-disk layouts, and FEMNIST (62 classes, one natural client per writer).
+
+LEAF (Caldas et al., 2018) stores a dataset as JSON files of the form
+`{"users": [...], "num_samples": [...], "user_data": {user: {"x": [...], "y": [...]}}}`, under
+`data/train/` and `data/test/` after its preprocessing (or `data/all_data/` before the split).
+FEMNIST is also read from the Hugging Face parquet layout of `flwrlabs/femnist` (columns
+`image`, `writer_id`, `character`), which is what `dataset.download=true` fetches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedexp.core.types import ConfigError
+from fedexp.data.datasets import Dataset
+
+FEMNIST_CLASSES = 62  # 10 digits, 26 upper-case, 26 lower-case letters (LEAF's label order)
+FEMNIST_HF_REPO = "flwrlabs/femnist"
+HF_CACHE = "hf_cache"  # under data_dir: what `datasets` downloads before the parquet export
+
+
+def leaf_files(root: Path) -> tuple[list[Path], list[Path]]:
+    """(train files, test files): root/train/*.json and root/test/*.json, else root/*.json."""
+    if (root / "train").is_dir():
+        return sorted((root / "train").glob("*.json")), sorted((root / "test").glob("*.json"))
+    return sorted(root.glob("*.json")), []
+
+
+def read_leaf_json(files: list[Path], convert_x=list) -> tuple[list, list, list[str]]:
+    """All samples of the given LEAF files, in file/user order: (x chunks, y, user per sample).
+
+    `convert_x` turns one user's x list into a compact chunk as soon as it is read (FEMNIST: a
+    float32 array), so a dataset of Python floats never sits in memory at once.
+    """
+    chunks: list = []
+    ys: list = []
+    users: list[str] = []
+    for path in files:
+        with open(path) as fh:
+            blob = json.load(fh)
+        try:
+            for user in blob["users"]:
+                data = blob["user_data"][user]
+                if len(data["x"]) != len(data["y"]):
+                    raise ConfigError(f"dataset.data_dir: {path}: user {user} has len(x) != len(y)")
+                chunks.append(convert_x(data["x"]))
+                ys.extend(data["y"])
+                users.extend([str(user)] * len(data["y"]))
+        except (KeyError, TypeError) as err:
+            raise ConfigError(
+                f"dataset.data_dir: {path} is not LEAF JSON (users/user_data/x/y; {err!r})"
+            ) from None
+        del blob
+    return chunks, ys, users
+
+
+def owner_ids(users: list[str]) -> np.ndarray:
+    """Integer client ids (0..U-1, in order of first appearance) for a list of owner names."""
+    index: dict[str, int] = {}
+    return np.array([index.setdefault(u, len(index)) for u in users], dtype=np.int64)
+
+
+def _pixels(x: list) -> np.ndarray:
+    return np.asarray(x, dtype=np.float32).reshape(-1, 784)
+
+
+def _femnist_tensors(chunks: list[np.ndarray], y) -> tuple[torch.Tensor, torch.Tensor]:
+    images = torch.from_numpy(np.concatenate(chunks) if chunks else np.zeros((0, 784), "f4"))
+    labels = torch.as_tensor(np.asarray(y, dtype=np.int64))
+    if len(labels) and (labels.min() < 0 or labels.max() >= FEMNIST_CLASSES):
+        raise ConfigError(f"dataset.data_dir: FEMNIST labels outside [0, {FEMNIST_CLASSES})")
+    return images.reshape(-1, 1, 28, 28), labels
+
+
+def read_femnist_parquet(files: list[Path]) -> tuple[list[np.ndarray], list, list[str]]:
+    """The HF `flwrlabs/femnist` parquet layout -> ([float images in [0, 1]], labels, writers)."""
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    images, labels, writers = [], [], []
+    for path in files:
+        table = pq.read_table(path, columns=["image", "writer_id", "character"]).to_pydict()
+        for img in table["image"]:
+            raw = img["bytes"] if isinstance(img, dict) else img
+            images.append(np.asarray(Image.open(io.BytesIO(raw)).convert("L"), dtype=np.uint8))
+        labels.extend(table["character"])
+        writers.extend(str(w) for w in table["writer_id"])
+    # the same scale as LEAF's JSON (pixel / 255)
+    return [np.stack(images).reshape(-1, 784).astype(np.float32) / 255.0], labels, writers
+
+
+def _parquet_files(root: Path) -> list[Path]:
+    """*.parquet under root, outside the download cache (whose copies would count twice)."""
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.rglob("*.parquet") if HF_CACHE not in p.relative_to(root).parts)
+
+
+def _download_femnist(root: Path) -> None:
+    """Fetch flwrlabs/femnist with HF `datasets` and store it as parquet under root."""
+    try:
+        from datasets import load_dataset
+
+        hf = load_dataset(FEMNIST_HF_REPO, split="train", cache_dir=str(root / HF_CACHE))
+        (root / "parquet").mkdir(parents=True, exist_ok=True)
+        hf.to_parquet(str(root / "parquet" / "train.parquet"))
+    except Exception as err:
+        raise ConfigError(
+            f"dataset.data_dir: FEMNIST download of {FEMNIST_HF_REPO} to {root} failed "
+            f"({type(err).__name__}); put LEAF's train/ and test/ JSON dirs there"
+        ) from None
+
+
+def _compact(pixels: np.ndarray) -> np.ndarray:
+    """uint8 when every value is k/255 (LEAF's and HF's pixels are): a quarter of the disk."""
+    levels = np.round(pixels * 255.0)
+    return (
+        levels.astype(np.uint8) if np.abs(pixels * 255.0 - levels).max(initial=0) < 1e-3 else pixels
+    )
+
+
+def _expand(stored: np.ndarray) -> np.ndarray:
+    return stored.astype(np.float32) / 255.0 if stored.dtype == np.uint8 else stored
+
+
+def _cached(cache_dir: str | None, sources: list[Path], read) -> dict[str, np.ndarray]:
+    """`read()` once per version of the source files: parsing LEAF JSON takes minutes."""
+    if cache_dir is None:
+        return read()
+    stamp = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in sources]
+    digest = hashlib.sha1(json.dumps(stamp).encode()).hexdigest()[:20]
+    path = Path(cache_dir).expanduser() / "femnist" / f"{digest}.npz"
+    if path.exists():
+        with np.load(path) as z:
+            return dict(z)
+    arrays = read()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, **arrays)
+    tmp.replace(path)
+    return arrays
+
+
+def load_femnist(
+    data_dir: str, download: bool = False, cache_dir: str | None = None, **_
+) -> Dataset:
+    """FEMNIST: 28x28 handwritten characters, 62 classes, writer ids as natural clients.
+
+    Reads LEAF JSON (data_dir/{train,test}/*.json, or data_dir/*.json) or else the HF parquet
+    layout (any *.parquet under data_dir). Pixels stay in [0, 1] as LEAF stores them (white = 1).
+    LEAF's test/ files, when present, are the pooled test set; otherwise the pooled test set is
+    the union of the clients' local test splits. The parsed arrays are cached under cache_dir.
+    """
+    root = Path(data_dir).expanduser()
+    train_files, test_files = leaf_files(root) if root.is_dir() else ([], [])
+    parquet = _parquet_files(root)
+    if not train_files and not parquet and download:
+        _download_femnist(root)
+        parquet = _parquet_files(root)
+
+    def read() -> dict[str, np.ndarray]:
+        if train_files:
+            chunks, y, users = read_leaf_json(train_files, _pixels)
+        else:
+            chunks, y, users = read_femnist_parquet(parquet)
+        train_x, train_y = _femnist_tensors(chunks, y)
+        arrays = {
+            "train_x": _compact(train_x.numpy()),
+            "train_y": train_y.numpy(),
+            "owners": owner_ids(users),
+        }
+        if test_files:
+            test_chunks, test_y, _users = read_leaf_json(test_files, _pixels)
+            test_x, test_y = _femnist_tensors(test_chunks, test_y)
+            arrays.update(test_x=_compact(test_x.numpy()), test_y=test_y.numpy())
+        return arrays
+
+    sources = train_files + test_files if train_files else parquet
+    if not sources:
+        raise ConfigError(
+            f"dataset.data_dir: FEMNIST not found at {root} (expected LEAF train/*.json and "
+            f"test/*.json, *.json, or {FEMNIST_HF_REPO} *.parquet); "
+            f"set dataset.download=true on a machine with internet"
+        )
+    arrays = _cached(cache_dir, sources, read)
+    test_x = arrays.get("test_x")
+    return Dataset(
+        "femnist",
+        torch.from_numpy(_expand(arrays["train_x"])),
+        torch.from_numpy(arrays["train_y"]),
+        torch.from_numpy(_expand(test_x)) if test_x is not None else None,
+        torch.from_numpy(arrays["test_y"]) if test_x is not None else None,
+        FEMNIST_CLASSES,
+        (1, 28, 28),
+        train_client_ids=arrays["owners"],
+    )

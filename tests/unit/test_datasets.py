@@ -1,0 +1,334 @@
+"""Image loaders (MNIST, Fashion-MNIST, CIFAR-10/100, FEMNIST) read small files written here in
+their real on-disk layouts; the CLI loads them through `dataset.data_dir`."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import pickle
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import REPO, run_dirs, summaries
+from fedexp.core.types import ConfigError
+from fedexp.data.augment import CropFlip
+from fedexp.data.datasets import load_cifar10, load_cifar100, load_fmnist, load_mnist
+from fedexp.data.leaf import load_femnist
+
+
+def write_idx(path: Path, array: np.ndarray) -> None:
+    """LeCun's IDX format: magic 0x0000080N (unsigned bytes, N dims), big-endian dims, data."""
+    header = struct.pack(">I", 0x0800 | array.ndim)
+    header += b"".join(struct.pack(">I", d) for d in array.shape)
+    data = header + array.astype(np.uint8).tobytes()
+    path.write_bytes(gzip.compress(data) if path.suffix == ".gz" else data)
+
+
+def write_mnist(root: Path, folder: str, n_train: int = 30, n_test: int = 10, gz: bool = False):
+    raw = root / folder / "raw"
+    raw.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    suffix = ".gz" if gz else ""
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        write_idx(raw / f"{prefix}-images-idx3-ubyte{suffix}", rng.integers(0, 256, (n, 28, 28)))
+        write_idx(raw / f"{prefix}-labels-idx1-ubyte{suffix}", np.arange(n) % 10)
+
+
+def write_cifar100(root: Path, n_train: int = 40, n_test: int = 10) -> None:
+    folder = root / "cifar-100-python"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for name, n in (("train", n_train), ("test", n_test)):
+        entry = {
+            "data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+            "fine_labels": [(7 * i) % 100 for i in range(n)],
+            "coarse_labels": [i % 20 for i in range(n)],
+        }
+        (folder / name).write_bytes(pickle.dumps(entry))
+    names = {"fine_label_names": [f"c{i}" for i in range(100)]}
+    (folder / "meta").write_bytes(pickle.dumps(names))
+
+
+def write_cifar10(root: Path, n_per_batch: int = 6) -> None:
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        entry = {
+            "data": rng.integers(0, 256, (n_per_batch, 3072), dtype=np.uint8),
+            "labels": list(range(n_per_batch)),
+        }
+        (folder / name).write_bytes(pickle.dumps(entry))
+
+
+def write_leaf_femnist(root: Path, writers: dict[str, int], test_per_writer: int = 0) -> None:
+    """LEAF JSON: train/ (and test/) files, 784 floats per sample, label = writer index mod 62."""
+    rng = np.random.default_rng(0)
+    for split, per in (("train", None), ("test", test_per_writer)):
+        if split == "test" and not per:
+            continue
+        (root / split).mkdir(parents=True)
+        blob = {"users": [], "num_samples": [], "user_data": {}}
+        for k, (writer, n) in enumerate(writers.items()):
+            m = per or n
+            blob["users"].append(writer)
+            blob["num_samples"].append(m)
+            blob["user_data"][writer] = {
+                "x": rng.random((m, 784)).round(3).tolist(),
+                "y": [(k * 5 + i) % 62 for i in range(m)],
+            }
+        (root / split / f"all_data_0_niid_0_keep_0_{split}_9.json").write_text(json.dumps(blob))
+
+
+def test_mnist_idx_plain_and_gz(tmp_path):
+    write_mnist(tmp_path, "MNIST", gz=False)
+    ds = load_mnist(str(tmp_path))
+    assert ds.train_x.shape == (30, 1, 28, 28) and ds.test_x.shape == (10, 1, 28, 28)
+    assert ds.train_y.tolist() == [i % 10 for i in range(30)]
+    assert ds.num_classes == 10 and ds.input_shape == (1, 28, 28)
+    write_mnist(tmp_path / "gz", "FashionMNIST", gz=True)
+    fm = load_fmnist(str(tmp_path / "gz"))
+    assert fm.name == "fmnist" and fm.train_x.shape == (30, 1, 28, 28)
+    assert fm.train_x.min() >= -0.2860 / 0.3530 - 1e-6
+
+
+def test_idx_pixels_are_normalised_by_hand(tmp_path):
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    img = np.zeros((1, 28, 28), dtype=np.uint8)
+    img[0, 0, 0] = 255
+    for prefix in ("train", "t10k"):
+        write_idx(raw / f"{prefix}-images-idx3-ubyte", img)
+        write_idx(raw / f"{prefix}-labels-idx1-ubyte", np.array([3]))
+    ds = load_mnist(str(tmp_path))
+    assert ds.train_x[0, 0, 0, 0].item() == pytest.approx((1 - 0.1307) / 0.3081)
+    assert ds.train_x[0, 0, 0, 1].item() == pytest.approx(-0.1307 / 0.3081)
+    assert ds.train_y.tolist() == [3]
+
+
+def test_cifar100_pickles(tmp_path):
+    write_cifar100(tmp_path)
+    ds = load_cifar100(str(tmp_path))
+    assert ds.train_x.shape == (40, 3, 32, 32) and ds.test_x.shape == (10, 3, 32, 32)
+    assert ds.num_classes == 100 and ds.train_y.max() < 100
+    assert ds.train_y[:3].tolist() == [0, 7, 14]
+    assert ds.batch_transform is None
+    assert load_cifar100(str(tmp_path), augment=True).batch_transform is not None
+
+
+def test_cifar10_reads_pickles_without_md5(tmp_path):
+    write_cifar10(tmp_path)
+    ds = load_cifar10(str(tmp_path))
+    assert ds.train_x.shape == (30, 3, 32, 32) and ds.train_y[:6].tolist() == list(range(6))
+
+
+@pytest.mark.parametrize(
+    "loader", [load_mnist, load_fmnist, load_cifar10, load_cifar100, load_femnist]
+)
+def test_missing_files_one_line_error(tmp_path, loader):
+    with pytest.raises(ConfigError, match=r"^dataset\.data_dir: .*not found") as err:
+        loader(str(tmp_path / "absent"))
+    assert "\n" not in str(err.value)
+
+
+def test_crop_flip_by_hand():
+    x = torch.arange(9.0).view(1, 1, 3, 3).repeat(64, 1, 1, 1)
+    out = CropFlip(padding=1, fill=(-1.0,))(x, torch.Generator().manual_seed(0))
+    assert out.shape == x.shape
+    # each output is a 3x3 window of the padded image, possibly mirrored: the centre pixel of
+    # the input (4) appears in every window; padding shows up as -1 only
+    assert all((o == 4).any() for o in out)
+    assert set(out.unique().tolist()) <= set(range(9)) | {-1.0}
+    assert any(torch.equal(o[0], x[0, 0].flip(-1)) for o in out)  # unshifted, mirrored
+    again = CropFlip(padding=1, fill=(-1.0,))(x, torch.Generator().manual_seed(0))
+    assert torch.equal(out, again)
+
+
+def test_femnist_leaf_json_natural_clients(tmp_path):
+    write_leaf_femnist(tmp_path, {"f0001_41": 5, "f0002_42": 3, "f0003_43": 4}, test_per_writer=2)
+    ds = load_femnist(str(tmp_path))
+    assert ds.train_x.shape == (12, 1, 28, 28) and ds.test_x.shape == (6, 1, 28, 28)
+    assert ds.num_classes == 62 and ds.train_y.min() >= 0 and ds.train_y.max() < 62
+    assert ds.train_client_ids.tolist() == [0] * 5 + [1] * 3 + [2] * 4
+    assert ds.train_x.min() >= 0.0 and ds.train_x.max() <= 1.0
+
+
+def test_femnist_parsed_once_then_read_from_the_cache(tmp_path, monkeypatch):
+    write_leaf_femnist(tmp_path / "f", {"w1": 3, "w2": 2}, test_per_writer=1)
+    first = load_femnist(str(tmp_path / "f"), cache_dir=str(tmp_path / "cache"))
+    assert len(list((tmp_path / "cache" / "femnist").glob("*.npz"))) == 1
+
+    def no_parsing(*_a, **_k):
+        raise AssertionError("parsed again")
+
+    monkeypatch.setattr("fedexp.data.leaf.read_leaf_json", no_parsing)
+    again = load_femnist(str(tmp_path / "f"), cache_dir=str(tmp_path / "cache"))
+    assert torch.allclose(first.train_x, again.train_x, atol=1e-6)  # 3-decimal pixels: float32
+    assert torch.equal(first.test_y, again.test_y)
+    assert first.train_client_ids.tolist() == again.train_client_ids.tolist() == [0] * 3 + [1] * 2
+
+
+def test_femnist_hf_parquet_layout(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    def png(value: int) -> bytes:
+        buf = io.BytesIO()
+        Image.fromarray(np.full((28, 28), value, dtype=np.uint8)).save(buf, format="PNG")
+        return buf.getvalue()
+
+    table = pa.table(
+        {
+            "image": [{"bytes": png(v), "path": None} for v in (0, 255, 51)],
+            "writer_id": ["f0000_14", "f0000_14", "f0001_41"],
+            "hsf_id": [0, 0, 0],
+            "character": [53, 28, 0],
+        }
+    )
+    (tmp_path / "data").mkdir()
+    pq.write_table(table, tmp_path / "data" / "train-00000-of-00001.parquet")
+    ds = load_femnist(str(tmp_path))
+    assert ds.train_y.tolist() == [53, 28, 0]
+    assert ds.train_client_ids.tolist() == [0, 0, 1]
+    assert ds.train_x[:, 0, 0, 0].tolist() == pytest.approx([0.0, 1.0, 0.2])
+    assert ds.test_x is None
+
+
+def compose_and_run(tmp_path: Path, monkeypatch, *overrides: str) -> tuple[dict, Path]:
+    """Compose the real config in-process (no interpreter start) and run it; (summary, dir)."""
+    from hydra import compose, initialize_config_dir
+
+    from fedexp.run import Experiment
+
+    monkeypatch.setenv("FEDEXP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("FEDEXP_DATA_DIR", str(tmp_path / "data"))
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=list(overrides))
+    run_dir = tmp_path / "run" / "_".join(o.replace("/", "-") for o in overrides)
+    run_dir.mkdir(parents=True)
+    return Experiment(cfg, run_dir).run([], None, {}), run_dir
+
+
+@pytest.mark.parametrize("dataset", ["mnist", "fmnist", "cifar100", "femnist"])
+def test_config_runs_each_image_dataset(tmp_path, monkeypatch, dataset):
+    data = tmp_path / "data"
+    write_mnist(data / "mnist", "MNIST", n_train=60, n_test=20)
+    write_mnist(data / "fmnist", "FashionMNIST", n_train=60, n_test=20, gz=True)
+    write_cifar100(data / "cifar100", n_train=200)
+    writers = {f"f{k:04d}_{k}": 4 + k for k in range(8)}
+    write_leaf_femnist(data / "femnist", writers)
+    overrides = ["debug=smoke", f"dataset={dataset}", "rounds=1"]
+    if dataset == "cifar100":
+        overrides.append("dataset.augment=true")
+    summary, run_dir = compose_and_run(tmp_path, monkeypatch, *overrides)
+    assert summary["status"] == "completed"
+    assert 0.0 <= summary["metrics"]["eval/global/acc"] <= 1.0
+    assert (run_dir / "partition_labels.png").stat().st_size > 1000
+    model = summary["config"]["model"]["_target_"].split(".")[-1]
+    assert model == {"cifar100": "cnn", "femnist": "femnist_cnn"}.get(dataset, "lenet5")
+    if dataset == "femnist":
+        # the natural split: 6 (= num_clients) of the 8 writers, each a client with all of its
+        # samples (local train + local test)
+        rows = (run_dir / "partition_stats.csv").read_text().splitlines()[1:]
+        sizes = [int(r.split(",")[2]) + int(r.split(",")[3]) for r in rows]
+        assert len(sizes) == 6 == len(set(sizes)) and set(sizes) <= set(writers.values())
+
+
+def test_label_distribution_png_goes_to_every_logger(tmp_path, monkeypatch):
+    from hydra import compose, initialize_config_dir
+
+    from fedexp.run import Experiment
+
+    class Recording:
+        def __init__(self):
+            self.artifacts = []
+
+        def log_metrics(self, metrics, step):
+            pass
+
+        def log_artifact(self, path, kind):
+            self.artifacts.append((Path(path).name, kind))
+
+        def finish(self, summary):
+            pass
+
+    monkeypatch.setenv("FEDEXP_CACHE_DIR", str(tmp_path / "cache"))
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["debug=smoke", "rounds=1"])
+    logger = Recording()
+    Experiment(cfg, tmp_path).run([logger], None, {})
+    assert ("partition_labels.png", "partition/label_distribution") in logger.artifacts
+    assert (tmp_path / "partition_labels.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_natural_split_on_a_dataset_without_client_ids_is_one_line(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match=r"^partition: natural split needs .*iid") as e:
+        compose_and_run(tmp_path, monkeypatch, "debug=smoke", "partition=natural")
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.slow
+def test_cli_every_image_dataset_from_its_default_data_dir(cli):
+    """One multirun (one interpreter start) over the image datasets, each reading the small
+    files written under FEDEXP_DATA_DIR=<cwd>/data in its real layout, default partition."""
+    data = cli.cwd / "data"
+    write_mnist(data / "mnist", "MNIST", n_train=60, n_test=20)
+    write_mnist(data / "fmnist", "FashionMNIST", n_train=60, n_test=20, gz=True)
+    write_cifar100(data / "cifar100", n_train=200)
+    writers = {f"f{k:04d}_{k}": 4 + k for k in range(8)}
+    write_leaf_femnist(data / "femnist", writers)
+    cli(
+        "debug=smoke",
+        "dataset=mnist,fmnist,cifar100,femnist",
+        multirun=True,
+    )
+    runs = summaries(cli.cwd / "outputs")
+    assert [s["choices"]["dataset"] for s in runs] == ["mnist", "fmnist", "cifar100", "femnist"]
+    assert [s["status"] for s in runs] == ["completed"] * 4
+    assert [s["config"]["model"]["_target_"].split(".")[-1] for s in runs] == [
+        "lenet5",
+        "lenet5",
+        "cnn",
+        "femnist_cnn",
+    ]
+    dirs = run_dirs(cli.cwd / "outputs")
+    for run_dir in dirs:
+        assert (run_dir / "partition_labels.png").stat().st_size > 1000
+    # FEMNIST's natural split: 6 (= num_clients) of the 8 writers, each a client with all of
+    # its samples (local train + local test)
+    rows = (dirs[3] / "partition_stats.csv").read_text().splitlines()[1:]
+    sizes = [int(r.split(",")[2]) + int(r.split(",")[3]) for r in rows]
+    assert len(sizes) == 6 and set(sizes) <= set(writers.values())
+    assert len(set(sizes)) == 6
+
+
+def test_cli_missing_data_dir_exits_2_with_one_line(cli):
+    proc = cli("debug=smoke", "dataset=mnist", "dataset.data_dir=/nonexistent/x", check=False)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fedexp: error: dataset.data_dir: MNIST")
+
+
+def _offline(*_a, **_k):
+    raise ConnectionError("no network")
+
+
+@pytest.mark.parametrize(
+    "loader,patch",
+    [
+        (load_mnist, "torchvision.datasets.MNIST"),
+        (load_cifar100, "torchvision.datasets.CIFAR100"),
+        (load_femnist, "datasets.load_dataset"),
+    ],
+)
+def test_failed_download_is_one_line(tmp_path, monkeypatch, loader, patch):
+    monkeypatch.setattr(patch, _offline)
+    with pytest.raises(ConfigError, match=r"^dataset\.data_dir: .*download .*failed") as err:
+        loader(str(tmp_path), download=True)
+    assert "ConnectionError" in str(err.value) and "\n" not in str(err.value)
