@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from fedexp.aggregators import check_aggregator
 from fedexp.core.algorithm import BuildContext
 from fedexp.core.client import OPTIMIZERS
 from fedexp.core.client_store import ClientStore
@@ -146,7 +147,9 @@ class Experiment:
             store=self.store,
         )
         self.algorithm = build(cfg.algorithm, ctx=ctx)
+        check_aggregator(ctx.aggregator, self.algorithm)
         self.attack = build(cfg.attack)
+        self.attack.check_target(self.algorithm)
         self.attack.setup(ctx, cfg.num_clients)
         self.executor = build(cfg.executor)
         # audits and other end-of-evaluation hooks (privacy=mia, ...)

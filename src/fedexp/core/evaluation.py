@@ -59,7 +59,9 @@ def evaluate(algorithm: Algorithm, state: ServerState, data) -> tuple[dict, dict
     if model is not None:
         metrics["eval/global/acc"] = accuracy(model, data.test_x, data.test_y)
         accs = np.array([accuracy(model, *data.test(c)) for c in clients])
-        metrics["eval/global/client_acc_mean"] = float(accs.mean())
+        # the global model on each client's split: eval/global/client_acc_mean|std|min|p10|max
+        spread = distribution("eval/global/client", accs)
+        metrics.update({k.replace("client/acc", "client_acc"): v for k, v in spread.items()})
         per_client["global"] = accs.tolist()
     personal = []
     for c in clients:
