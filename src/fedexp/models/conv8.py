@@ -14,12 +14,13 @@ from fedexp.models.mlp import BodyHead
 
 
 def conv_stack(in_channels: int, widths: tuple[int, ...], bias: bool) -> list[nn.Module]:
-    """Pairs of 3x3 conv + ReLU, a 2x2 max-pool after each pair."""
+    """Pairs of 3x3 conv + ReLU, a 2x2 max-pool after each pair (ceil mode: the same shapes on
+    even sizes such as 32x32, and still valid on small inputs such as 8x8 digits)."""
     layers: list[nn.Module] = []
     for i, width in enumerate(widths):
         layers += [nn.Conv2d(in_channels, width, 3, padding=1, bias=bias), nn.ReLU()]
         if i % 2 == 1:
-            layers.append(nn.MaxPool2d(2))
+            layers.append(nn.MaxPool2d(2, ceil_mode=True))
         in_channels = width
     return layers
 
