@@ -36,8 +36,7 @@ def test_every_aggregator(cli):
 @pytest.mark.slow
 def test_every_attack_at_twenty_percent(cli):
     attacks = "agr_tailored,min_max,min_sum,scaling,label_flip,lie,sign_flip"
-    # ++: the sweep's first composition has attack=none, which has no `fraction`
-    cli(*SMALL, f"attack={attacks}", "++attack.fraction=0.2", multirun=True)
+    cli(*SMALL, f"attack={attacks}", "attack.fraction=0.2", multirun=True)
     cli(*SMALL, "algorithm=frl", "attack=rank_reversal", "attack.fraction=0.2")
     cli(*SMALL, "algorithm=signsgd", "attack=sign_flip", "attack.fraction=0.2")
     runs = summaries(cli.cwd)

@@ -36,6 +36,7 @@ def composed(*overrides: str):
         (("algorithm=frl", "algorithm.weight_init=zeros"), "algorithm.weight_init"),
         (("attack=agr_tailored", "attack.target=median"), "attack.target"),
         (("attack=lie", "attack.knowledge=some"), "attack.knowledge"),
+        (("attack.fraction=0.2",), "attack.fraction: 0.2 with attack=none"),
     ],
 )
 def test_bad_combinations_fail_before_training(overrides, message, tmp_path, monkeypatch):

@@ -33,6 +33,11 @@ class NoAttack:
     fraction: float = 0.0
     targets: tuple[type[Message], ...] | None = None  # None: any upload (data poisoning)
 
+    def __init__(self, fraction: float = 0.0):
+        # `fraction` exists so that `attack.fraction=...` composes with every attack option
+        if fraction:
+            raise ConfigError(f"attack.fraction: {fraction} with attack=none; choose an attack")
+
     def setup(self, ctx, num_clients: int) -> None:
         """Called once before training with the BuildContext (seed, aggregator, data...)."""
 
