@@ -15,6 +15,10 @@ SKIP_GROUPS = {"experiment", "debug", "hydra", "hparams_search"}
 REQUIRES: dict[tuple[str, str], tuple[str, ...]] = {
     ("partition", "natural"): ("dataset=synthetic",),
     ("model", "cnn_family"): ("algorithm=fedhenn", "algorithm.variant=heterogeneous"),
+    ("model", "lstm"): ("dataset=sent140",),
+    ("model", "lstm_family"): ("dataset=sent140",),
+    ("aggregator", "rank_vote"): ("algorithm=frl",),
+    ("attack", "rank_reversal"): ("algorithm=frl",),
 }
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from fedexp.aggregators import check_aggregator
 from fedexp.core.algorithm import BuildContext
 from fedexp.core.checkpoint import (
     CHECKPOINT_FILE,
@@ -172,7 +173,9 @@ class Experiment:
             model_args=model_args,
         )
         self.algorithm = build(cfg.algorithm, ctx=ctx)
+        check_aggregator(ctx.aggregator, self.algorithm)
         self.attack = build(cfg.attack)
+        self.attack.check_target(self.algorithm)
         self.attack.setup(ctx, cfg.num_clients)
         self.executor = build(cfg.executor)
         # audits and other end-of-evaluation hooks (privacy=mia, ...)

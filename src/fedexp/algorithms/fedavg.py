@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
+from fedexp.aggregators import malicious_count
 from fedexp.core.algorithm import Algorithm, BuildContext, flat_params, load_flat
 from fedexp.core.client import ClientModule
 from fedexp.core.seeding import INIT, derive_seed
@@ -21,6 +22,8 @@ from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext, 
 
 class FedAvg(Algorithm):
     """Federated averaging over the `shared` parameters (all of them here)."""
+
+    upload_type = Weights
 
     def __init__(
         self,
@@ -76,11 +79,17 @@ class FedAvg(Algorithm):
             return torch.ones(len(results), device=self.device)
         return torch.tensor([float(r.num_samples) for r in results], device=self.device)
 
+    def stack_uploads(self, results: Sequence[ClientResult]) -> torch.Tensor:
+        """The round's uploads as dense rows [n, d] for the aggregator."""
+        return torch.stack([r.upload.values for r in results])
+
     def aggregate(
         self, state: ServerState, results: Sequence[ClientResult], ctx: RoundContext
     ) -> tuple[ServerState, dict[str, float]]:
-        updates = torch.stack([r.upload.values for r in results])
-        step = self.ctx.aggregator(updates, self.client_weights(results))
+        updates = self.stack_uploads(results)
+        step = self.ctx.aggregator(
+            updates, self.client_weights(results), num_malicious=malicious_count(results)
+        )
         if self.server_momentum:
             buf = state.buffers.get("momentum")
             step = step if buf is None else self.server_momentum * buf + step

@@ -1,19 +1,48 @@
-"""Attacks corrupt the data or the uploads of malicious clients. `NoAttack` is the default."""
+"""Attacks corrupt the data or the uploads of malicious clients. `NoAttack` is the default.
+
+An attack is set up once (`setup`): `fraction` of ALL clients are malicious, drawn from the run
+seed. Data poisoning returns a poisoned view of the data (`wrap_data`, called by the round loop);
+model poisoning rewrites the uploads of the round's malicious clients after local training
+(`apply`), where they have trained benignly on their own data. Corrupted uploads are flagged
+(`extra["malicious"] = 1`) so that an aggregator may be told the round's true malicious count
+(`fedexp.aggregators.malicious_count`). `round_metrics` reports `attack/*` every round.
+
+`targets` names the upload types (Message classes) an attack can corrupt; `check_target` raises
+ConfigError before training when the algorithm uploads something else.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 
-from fedexp.core.types import ClientResult, RoundContext
+import numpy as np
+import torch
+
+from fedexp.aggregators import malicious_count
+from fedexp.core.seeding import derive_seed
+from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext
+
+ATTACK = 401  # seed stream of the malicious set (distinct from core.seeding's streams)
 
 
 class NoAttack:
     """Every client is honest."""
 
     malicious: frozenset[int] = frozenset()
+    fraction: float = 0.0
+    targets: tuple[type[Message], ...] | None = None  # None: any upload (data poisoning)
+
+    def __init__(self, fraction: float = 0.0):
+        # `fraction` exists so that `attack.fraction=...` composes with every attack option
+        if fraction:
+            raise ConfigError(f"attack.fraction: {fraction} with attack=none; choose an attack")
 
     def setup(self, ctx, num_clients: int) -> None:
         """Called once before training with the BuildContext (seed, aggregator, data...)."""
+
+    def check_target(self, algorithm) -> None:
+        """Raise ConfigError when this attack cannot corrupt what `algorithm` uploads."""
 
     def wrap_data(self, data):
         """The data clients train on (data-poisoning attacks return a poisoned view)."""
@@ -22,8 +51,15 @@ class NoAttack:
     def apply(self, results: Sequence[ClientResult], ctx: RoundContext) -> list[ClientResult]:
         return list(results)
 
+    def round_metrics(self, results: Sequence[ClientResult]) -> dict[str, float]:
+        """`attack/*` metrics of the round (after `apply`), logged next to the accuracy."""
+        return {
+            "attack/fraction": self.fraction,
+            "attack/malicious_in_round": malicious_count(results),
+        }
+
     def describe(self) -> dict:
-        return {}
+        return {"attack/name": "none", "attack/num_malicious": 0}
 
     def state_dict(self) -> dict:
         """State that changes during training (saved in checkpoints); none for most attacks."""
@@ -31,3 +67,56 @@ class NoAttack:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what `state_dict` returned (on resume)."""
+
+
+class Attack(NoAttack):
+    """Base of the attacks: the malicious set, the target check, flagging corrupted uploads."""
+
+    name = "attack"
+    targets: tuple[type[Message], ...] | None = ()
+
+    def __init__(self, fraction: float = 0.2):
+        if not 0 <= fraction < 1:
+            raise ConfigError(f"attack.fraction: must be in [0, 1), got {fraction}")
+        self.fraction = fraction
+
+    def setup(self, ctx, num_clients: int) -> None:
+        # int(), not round(): FRL's reference code takes int(num_clients * fraction)
+        count = int(self.fraction * num_clients)
+        rng = np.random.default_rng(derive_seed(ctx.seed, ATTACK))
+        self.malicious = frozenset(int(c) for c in rng.choice(num_clients, count, replace=False))
+
+    def check_target(self, algorithm) -> None:
+        upload = getattr(algorithm, "upload_type", None)
+        if self.targets is None or upload in self.targets:
+            return
+        wanted = ", ".join(t.__name__ for t in self.targets) or "nothing"
+        raise ConfigError(
+            f"attack: {self.name} cannot target {type(algorithm).__name__}, which uploads "
+            f"{getattr(upload, '__name__', 'an undeclared type')} (it corrupts {wanted})"
+        )
+
+    def apply(self, results: Sequence[ClientResult], ctx: RoundContext) -> list[ClientResult]:
+        out = list(results)
+        positions = [i for i, r in enumerate(out) if r.client_id in self.malicious]
+        if not positions:
+            return out
+        uploads = self.corrupt(out, positions, ctx)
+        for i, upload in zip(positions, uploads):
+            extra = {**out[i].extra, "malicious": 1.0}
+            out[i] = dataclasses.replace(out[i], upload=upload, extra=extra)
+        return out
+
+    def corrupt(
+        self, results: list[ClientResult], positions: list[int], ctx: RoundContext
+    ) -> list[Message]:
+        """The uploads of the malicious clients at `positions` (they trained benignly)."""
+        return [results[i].upload for i in positions]
+
+    def describe(self) -> dict:
+        return {"attack/name": self.name, "attack/num_malicious": len(self.malicious)}
+
+
+def map_values(upload: Message, fn: Callable[[torch.Tensor], torch.Tensor]) -> Message:
+    """The same message with `values` transformed (Weights, Signs, SparseDelta)."""
+    return dataclasses.replace(upload, values=fn(upload.values))

@@ -36,7 +36,12 @@ class Algorithm:
 
     Client hooks run inside the executor, around the module's local training:
     `client_module` -> `client_begin` -> (training) -> `client_end`.
+
+    `upload_type` is the Message class clients upload (None: not declared); the aggregator and
+    the attack are checked against it before training.
     """
+
+    upload_type: type[Message] | None = None
 
     def __init__(self, ctx: BuildContext):
         self.ctx = ctx

@@ -76,7 +76,9 @@ def evaluate(algorithm: Algorithm, state: ServerState, data) -> tuple[dict, dict
     if model is not None:
         metrics["eval/global/acc"] = accuracy(model, data.test_x, data.test_y)
         accs = client_accuracies(model, data)
-        metrics["eval/global/client_acc_mean"] = float(accs.mean())
+        # the global model on each client's split: eval/global/client_acc_mean|std|min|p10|max
+        spread = distribution("eval/global/client", accs)
+        metrics.update({k.replace("client/acc", "client_acc"): v for k, v in spread.items()})
         metrics["eval/global/client_acc_var"] = float(accs.var())
         per_client["global"] = accs.tolist()
     personal = []

@@ -79,6 +79,7 @@ class Orchestrator:
             "round": t,
             "train/loss": train_loss,
             **metrics,
+            **self.attack.round_metrics(results),
             "comm/up_bits": up,
             "comm/down_bits": down,
             **self.totals,

@@ -1,0 +1,74 @@
+"""Multi-Krum (Blanchard et al., 2017), as in the reference code of the FRL and NDSS'21 papers.
+
+Score each update by the sum of squared distances to its n'-f-2 nearest other updates (n' the
+updates not yet selected), select the lowest score, remove it, repeat; average the selected ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from fedexp.aggregators import KNOWN, check_count, resolve_count
+from fedexp.core.types import ConfigError
+
+
+def pairwise_sq_distances(updates: torch.Tensor) -> torch.Tensor:
+    """[n, n] squared Euclidean distances from exact differences, one row at a time (memory n*d,
+    no cancellation from the |a|^2 + |b|^2 - 2ab expansion)."""
+    return torch.stack([((updates - row) ** 2).sum(1) for row in updates])
+
+
+def krum_select(updates: torch.Tensor, f: int, num_selected: int) -> list[int]:
+    """Indices chosen by repeated Krum selection, in the order they are chosen."""
+    dist = pairwise_sq_distances(updates)
+    remaining = list(range(updates.shape[0]))
+    chosen: list[int] = []
+    while remaining and len(chosen) < num_selected:
+        sub = dist[remaining][:, remaining]
+        neighbours = max(len(remaining) - f - 2, 1)
+        # drop the zero self-distance (first after sorting), keep the nearest others
+        nearest = torch.sort(sub, dim=1).values[:, 1 : 1 + neighbours]
+        best = int(torch.argmin(nearest.sum(1)))  # ties: the earlier update
+        chosen.append(remaining.pop(best))
+    return chosen
+
+
+def selection_size(n: int, f: int, num_selected: int | None) -> int:
+    """Default n - 2f - 2 (the reference code selects while more than 2f + 2 remain), >= 1."""
+    size = n - 2 * f - 2 if num_selected is None else num_selected
+    return max(1, min(size, n))
+
+
+def multikrum(
+    updates: torch.Tensor,
+    weights: torch.Tensor,
+    num_malicious: int = 0,
+    f: Any = KNOWN,
+    num_selected: int | None = None,
+) -> torch.Tensor:
+    """Unweighted mean of the updates Multi-Krum selects.
+
+    Args:
+        updates: [n, d] client updates.
+        weights: [n] client weights (not used: a client cannot buy weight).
+        num_malicious: the round's true number of malicious uploads.
+        f: assumed number of malicious updates: `known` (= num_malicious), an int, or a fraction.
+        num_selected: how many to select; None = n - 2f - 2 (at least 1).
+    """
+    n = updates.shape[0]
+    byzantine = resolve_count(f, num_malicious, n, "f")
+    chosen = krum_select(updates, byzantine, selection_size(n, byzantine, num_selected))
+    return updates[sorted(chosen)].mean(0)
+
+
+def _check(f: Any = KNOWN, num_selected: int | None = None) -> None:
+    check_count(f, "f")
+    if num_selected is not None and (not isinstance(num_selected, int) or num_selected < 1):
+        raise ConfigError(
+            f"aggregator.num_selected: must be null or an int >= 1, got {num_selected}"
+        )
+
+
+multikrum.check = _check

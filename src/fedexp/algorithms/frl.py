@@ -1,0 +1,157 @@
+"""FRL: Federated Rank Learning (Mozaffari, Shejwalkar, Houmansadr, USENIX Security 2023).
+
+Clients never train or send weights. The server draws one seed; the server and every client
+rebuild the same supermask network from it (frozen weights θ^w and initial scores θ^s), so only
+rankings travel. The server keeps S0, each layer's initial score values sorted by the rank key.
+
+Round: the server sends the global ranking R_g (per layer). A client writes S0 back along R_g
+(θ^s[R_g[i]] = S0[i], so a higher rank means a larger key), trains the scores for E epochs on its
+data, and uploads R_u = argsort(key(θ^s)) per layer. The aggregator (`rank_vote`) sums each edge's
+positions over the clients' rankings and sorts: R_g(t+1) = argsort(sums). The global model is the
+supernetwork with R_g's mask; weights and S0 never change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import nn
+
+from fedexp.aggregators import malicious_count
+from fedexp.core.algorithm import Algorithm, BuildContext
+from fedexp.core.client import ClientModule
+from fedexp.core.messages import Ranking
+from fedexp.core.seeding import INIT, derive_seed
+from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext, ServerState
+from fedexp.models.supermask import (
+    RANK_KEYS,
+    num_kept,
+    ranking,
+    sorted_scores,
+    supermask_layers,
+    to_supermask,
+    write_ranking,
+)
+
+
+class FRL(Algorithm):
+    """Federated rank learning over a supermask twin of the configured model."""
+
+    upload_type = Ranking
+
+    def __init__(
+        self,
+        ctx: BuildContext,
+        k: float = 0.5,
+        weight_init: str = "signed_constant",
+        rank_key: str = "abs",
+    ):
+        super().__init__(ctx)
+        if rank_key not in RANK_KEYS:
+            raise ConfigError(f"algorithm.rank_key: must be one of {RANK_KEYS}, got {rank_key!r}")
+        self.k, self.weight_init, self.rank_key = k, weight_init, rank_key
+        self.model_seed = derive_seed(ctx.seed, INIT)
+        self._built_seed: int | None = None
+        self._build(self.model_seed)
+
+    # ---- the seeded network ----------------------------------------------------------------
+    def build_model(self, seed: int) -> nn.Module:
+        """θ^w and the initial θ^s rebuilt from `seed`: identical wherever it is called."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = to_supermask(self.ctx.model_factory(), self.k, self.weight_init)
+        return model.to(self.device)
+
+    def _build(self, seed: int) -> None:
+        """Caches rebuilt from the state's seed: the clients' resident copy and their S0, and the
+        server's evaluation copy."""
+        if self._built_seed == seed:
+            return
+        client_model = self.build_model(seed)
+        self.module = ClientModule(client_model, self.ctx.client_cfg)
+        self.client_s0 = [
+            sorted_scores(layer.scores, self.rank_key) for layer in supermask_layers(client_model)
+        ]
+        self.eval_model = self.build_model(seed)
+        self._built_seed = seed
+
+    # ---- server ----------------------------------------------------------------------------
+    def init_state(self) -> ServerState:
+        self._build(self.model_seed)
+        layers = supermask_layers(self.eval_model)
+        return ServerState(
+            params=None,
+            buffers={
+                "model_seed": self.model_seed,
+                "initial_sorted_scores": [sorted_scores(m.scores, self.rank_key) for m in layers],
+                "global_ranking": [ranking(m.scores, self.rank_key) for m in layers],
+            },
+        )
+
+    def configure_round(self, state: ServerState, ctx: RoundContext) -> Mapping[int, Message]:
+        self._build(state.buffers["model_seed"])
+        payload = Ranking(tuple(state.buffers["global_ranking"]))
+        return {cid: payload for cid in ctx.client_ids}
+
+    def aggregate(
+        self, state: ServerState, results: Sequence[ClientResult], ctx: RoundContext
+    ) -> tuple[ServerState, dict[str, float]]:
+        votes = torch.ones(len(results), device=self.device)  # one client, one vote
+        bad = malicious_count(results)
+        old = state.buffers["global_ranking"]
+        new = [
+            self.ctx.aggregator(torch.stack([r.upload.layers[i] for r in results]), votes, bad)
+            for i in range(len(old))
+        ]
+        metrics = {"frl/mask_change": self.mask_change(old, new, state)}
+        return ServerState(state.params, {**state.buffers, "global_ranking": new}), metrics
+
+    def kept_edges(self, edge_ranking: torch.Tensor, s0: torch.Tensor) -> torch.Tensor:
+        """Edge ids the mask keeps once S0 is written along `edge_ranking` (top k of |S0|)."""
+        positions = torch.topk(s0.abs(), num_kept(s0.numel(), self.k)).indices
+        return edge_ranking[positions]
+
+    def mask_change(self, old, new, state: ServerState) -> float:
+        """Fraction of the kept edges that are new this round (0 when the mask is settled)."""
+        changed = kept = 0
+        for r_old, r_new, s0 in zip(old, new, state.buffers["initial_sorted_scores"]):
+            before = torch.zeros(s0.numel(), dtype=torch.bool, device=s0.device)
+            before[self.kept_edges(r_old, s0)] = True
+            after = self.kept_edges(r_new, s0)
+            changed += int((~before[after]).sum())
+            kept += after.numel()
+        return changed / max(kept, 1)
+
+    # ---- client ----------------------------------------------------------------------------
+    def client_module(self, client_id: int) -> ClientModule:
+        return self.module
+
+    def client_begin(self, module: ClientModule, client_id: int, payload: Message) -> None:
+        for layer, edge_ranking, s0 in zip(
+            supermask_layers(module.model), payload.layers, self.client_s0
+        ):
+            write_ranking(layer.scores, edge_ranking, s0)
+
+    def client_end(self, module: ClientModule, client_id: int, payload: Message) -> Message:
+        layers = supermask_layers(module.model)
+        return Ranking(tuple(ranking(layer.scores, self.rank_key) for layer in layers))
+
+    # ---- evaluation ------------------------------------------------------------------------
+    def global_model(self, state: ServerState) -> nn.Module | None:
+        self._build(state.buffers["model_seed"])
+        for layer, edge_ranking, s0 in zip(
+            supermask_layers(self.eval_model),
+            state.buffers["global_ranking"],
+            state.buffers["initial_sorted_scores"],
+        ):
+            write_ranking(layer.scores, edge_ranking, s0)
+        return self.eval_model
+
+    def describe(self) -> dict[str, float]:
+        layers = supermask_layers(self.eval_model)
+        return {
+            "params/total": sum(m.weight.numel() for m in layers),
+            "params/kept": sum(num_kept(m.weight.numel(), self.k) for m in layers),
+            "frl/num_layers": len(layers),
+        }

@@ -1,0 +1,52 @@
+"""SignSGD with majority vote (Bernstein et al., 2019), federated as in the FRL paper's baseline.
+
+Clients train like FedAvg and upload sign(Δ_u), 1 bit per coordinate (sign(0) = +1, as in
+Bernstein et al.). The server moves w <- w + server_lr * sign(agg(signs)); with the default
+aggregator `sign_vote` that is sign(Σ_u sign(Δ_u)), the majority vote. The global model goes down
+as 32-bit weights (clients are stateless).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from fedexp.aggregators import malicious_count
+from fedexp.algorithms.fedavg import FedAvg
+from fedexp.core.algorithm import BuildContext, flat_params
+from fedexp.core.client import ClientModule
+from fedexp.core.messages import Signs
+from fedexp.core.types import ClientResult, Message, RoundContext, ServerState
+
+
+def to_signs(delta: torch.Tensor) -> torch.Tensor:
+    """+1 where delta >= 0, -1 elsewhere, as int8 (the 1-bit wire format)."""
+    return torch.where(delta >= 0, 1, -1).to(torch.int8)
+
+
+class SignSGD(FedAvg):
+    """FedAvg's client half; signs up, a signed step down."""
+
+    upload_type = Signs
+
+    def __init__(self, ctx: BuildContext, server_lr: float = 0.005, weighting: str = "uniform"):
+        super().__init__(ctx, weighting=weighting, server_lr=server_lr)
+
+    def stack_uploads(self, results: Sequence[ClientResult]) -> torch.Tensor:
+        return torch.stack([r.upload.values for r in results]).to(torch.float32)
+
+    def aggregate(
+        self, state: ServerState, results: Sequence[ClientResult], ctx: RoundContext
+    ) -> tuple[ServerState, dict[str, float]]:
+        votes = self.ctx.aggregator(
+            self.stack_uploads(results),
+            self.client_weights(results),
+            num_malicious=malicious_count(results),
+        )
+        direction = torch.sign(votes)
+        metrics = {"signsgd/tied_fraction": float((direction == 0).float().mean())}
+        return ServerState(state.params + self.server_lr * direction, state.buffers), metrics
+
+    def client_end(self, module: ClientModule, client_id: int, payload: Message) -> Message:
+        return Signs(to_signs(flat_params(self.shared(module.model)) - payload.values))

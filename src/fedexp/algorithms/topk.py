@@ -1,0 +1,60 @@
+"""TopK sparsification (e.g. Aji & Heafield, 2017; Stich et al., 2018) on FedAvg.
+
+Clients upload the `fraction` of their update's coordinates largest in |value| (values and
+indices); the server densifies and aggregates them like FedAvg (zeros elsewhere). With
+`error_feedback`, what a client did not send is kept in the client store and added to its next
+update. The global model goes down as 32-bit weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from fedexp.algorithms.fedavg import FedAvg
+from fedexp.core.algorithm import BuildContext, flat_params
+from fedexp.core.client import ClientModule
+from fedexp.core.messages import SparseDelta
+from fedexp.core.types import ClientResult, ConfigError, Message
+
+
+def top_fraction(vector: torch.Tensor, fraction: float) -> SparseDelta:
+    """The round(fraction * d) largest-|value| coordinates of `vector` (at least one)."""
+    d = vector.numel()
+    count = max(1, min(d, round(fraction * d)))
+    indices = torch.topk(vector.abs(), count, sorted=False).indices
+    indices = torch.sort(indices).values  # a canonical order on the wire
+    return SparseDelta(vector[indices].clone(), indices, d)
+
+
+class TopK(FedAvg):
+    """FedAvg with top-k sparsified uploads and optional error feedback."""
+
+    upload_type = SparseDelta
+
+    def __init__(
+        self,
+        ctx: BuildContext,
+        fraction: float = 0.1,
+        error_feedback: bool = True,
+        **kwargs,
+    ):
+        if not 0 < fraction <= 1:
+            raise ConfigError(f"algorithm.fraction: must be in (0, 1], got {fraction}")
+        self.fraction = fraction
+        self.error_feedback = error_feedback
+        super().__init__(ctx, **kwargs)
+
+    def stack_uploads(self, results: Sequence[ClientResult]) -> torch.Tensor:
+        return torch.stack([r.upload.dense() for r in results])
+
+    def client_end(self, module: ClientModule, client_id: int, payload: Message) -> Message:
+        update = flat_params(self.shared(module.model)) - payload.values
+        if self.error_feedback:
+            residual = self.store.get(client_id)
+            update = update if residual is None else update + residual
+        sparse = top_fraction(update, self.fraction)
+        if self.error_feedback:
+            self.store.put(client_id, update.index_fill(0, sparse.indices, 0.0))
+        return sparse

@@ -1,0 +1,37 @@
+"""Attacks that transform each malicious client's own benign upload."""
+
+from __future__ import annotations
+
+from fedexp.attacks import Attack, map_values
+from fedexp.core.messages import Signs, SparseDelta
+from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext, Weights
+
+
+class SignFlip(Attack):
+    """Upload the negated update: -sign(Δ) against SignSGD, -Δ against weight uploads."""
+
+    name = "sign_flip"
+    targets = (Weights, Signs, SparseDelta)
+
+    def corrupt(
+        self, results: list[ClientResult], positions: list[int], ctx: RoundContext
+    ) -> list[Message]:
+        return [map_values(results[i].upload, lambda v: -v) for i in positions]
+
+
+class Scaling(Attack):
+    """Upload `factor` times the benign update: the naive attack that breaks plain averaging."""
+
+    name = "scaling"
+    targets = (Weights, SparseDelta)
+
+    def __init__(self, fraction: float = 0.2, factor: float = 100.0):
+        super().__init__(fraction)
+        if factor == 0:
+            raise ConfigError("attack.factor: must be non-zero")
+        self.factor = factor
+
+    def corrupt(
+        self, results: list[ClientResult], positions: list[int], ctx: RoundContext
+    ) -> list[Message]:
+        return [map_values(results[i].upload, lambda v: self.factor * v) for i in positions]

@@ -1,0 +1,125 @@
+"""FRL: seeded reconstruction, the ranking round trip, the vote, a round through the executor."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+from omegaconf import OmegaConf
+
+from fedexp.aggregators.rank_vote import rank_vote
+from fedexp.algorithms.frl import FRL
+from fedexp.core.algorithm import BuildContext
+from fedexp.core.client_store import ClientStore
+from fedexp.core.executors import SequentialExecutor
+from fedexp.core.messages import Ranking
+from fedexp.core.types import ClientResult, RoundContext
+from fedexp.models.mlp import mlp
+from fedexp.models.supermask import edge_mask, supermask_layers
+
+CLIENT = OmegaConf.create(
+    {
+        "local_epochs": 2,
+        "batch_size": 4,
+        "optimizer": "sgd",
+        "lr": 0.4,
+        "momentum": 0.9,
+        "weight_decay": 0.0,
+    }
+)
+
+
+def make_frl(seed: int = 0, **kwargs) -> FRL:
+    ctx = BuildContext(
+        model_factory=partial(mlp, input_shape=(4,), num_classes=3, hidden=(6,)),
+        client_cfg=CLIENT,
+        aggregator=partial(rank_vote),
+        data=None,
+        device=torch.device("cpu"),
+        seed=seed,
+        store=ClientStore(),
+    )
+    return FRL(ctx, **kwargs)
+
+
+def test_seeded_reconstruction_is_identical_on_server_and_clients():
+    server, elsewhere = make_frl(), make_frl()  # a second process rebuilding from the seed
+    state = server.init_state()
+    assert state.params is None and isinstance(state.buffers["model_seed"], int)
+    for model in (server.module.model, elsewhere.module.model, elsewhere.eval_model):
+        for a, b in zip(supermask_layers(server.eval_model), supermask_layers(model)):
+            assert torch.equal(a.weight, b.weight) and torch.equal(a.scores, b.scores)
+    for s0, client_s0 in zip(state.buffers["initial_sorted_scores"], elsewhere.client_s0):
+        assert torch.equal(s0, client_s0)
+    other = make_frl(seed=1).eval_model
+    assert not torch.equal(
+        supermask_layers(other)[0].weight, supermask_layers(server.eval_model)[0].weight
+    )
+
+
+def test_untrained_client_uploads_the_global_ranking():
+    for key in ("abs", "signed"):
+        frl = make_frl(rank_key=key)
+        state = frl.init_state()
+        state.buffers["global_ranking"] = [
+            torch.randperm(r.numel()) for r in state.buffers["global_ranking"]
+        ]
+        payload = frl.configure_round(state, RoundContext(1, (0, 1), 0))[0]
+        frl.client_begin(frl.module, 0, payload)
+        upload = frl.client_end(frl.module, 0, payload)
+        assert all(torch.equal(u, g) for u, g in zip(upload.layers, payload.layers))
+
+
+def test_global_mask_is_the_top_k_of_the_global_ranking():
+    frl = make_frl(k=0.25)
+    state = frl.init_state()
+    state.buffers["global_ranking"] = [
+        torch.randperm(r.numel()) for r in state.buffers["global_ranking"]
+    ]
+    model = frl.global_model(state)
+    for layer, edge_ranking in zip(supermask_layers(model), state.buffers["global_ranking"]):
+        kept = edge_mask(layer.scores, layer.k).reshape(-1).nonzero().flatten()
+        top = edge_ranking[-kept.numel() :]
+        assert set(kept.tolist()) == set(top.tolist())
+        assert kept.numel() == layer.weight.numel() - int(0.75 * layer.weight.numel())
+
+
+def test_vote_of_identical_rankings_keeps_them():
+    frl = make_frl()
+    state = frl.init_state()
+    target = [torch.randperm(r.numel()) for r in state.buffers["global_ranking"]]
+    results = [ClientResult(c, 10, Ranking(tuple(target)), 0.0, 1) for c in range(3)]
+    new_state, metrics = frl.aggregate(state, results, RoundContext(1, (0, 1, 2), 0))
+    assert all(torch.equal(a, b) for a, b in zip(new_state.buffers["global_ranking"], target))
+    assert 0.0 <= metrics["frl/mask_change"] <= 1.0
+
+
+class TinyData:
+    def __init__(self):
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(16, 4, generator=g)
+        self.y = (self.x[:, 0] > 0).long() + (self.x[:, 1] > 0).long()
+
+    def train(self, client_id):
+        half = slice(0, 8) if client_id == 0 else slice(8, 16)
+        return self.x[half], self.y[half]
+
+
+def test_a_round_through_the_executor_changes_only_the_ranking():
+    frl = make_frl()
+    state = frl.init_state()
+    weights_before = [m.weight.clone() for m in supermask_layers(frl.module.model)]
+    ctx = RoundContext(1, (0, 1), 0)
+    results = SequentialExecutor(batch_size=4).run(
+        frl, frl.configure_round(state, ctx), ctx, TinyData()
+    )
+    assert all(isinstance(r.upload, Ranking) for r in results)
+    new_state, _ = frl.aggregate(state, results, ctx)
+    for old, new in zip(state.buffers["global_ranking"], new_state.buffers["global_ranking"]):
+        assert torch.equal(torch.sort(new).values, torch.arange(old.numel()))  # a permutation
+    assert any(
+        not torch.equal(a, b)
+        for a, b in zip(state.buffers["global_ranking"], new_state.buffers["global_ranking"])
+    )
+    for before, layer in zip(weights_before, supermask_layers(frl.module.model)):
+        assert torch.equal(before, layer.weight)

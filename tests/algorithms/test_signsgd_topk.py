@@ -1,0 +1,85 @@
+"""SignSGD and TopK on hand numbers."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from fedexp.aggregators.mean import weighted_mean
+from fedexp.aggregators.sign_vote import sign_vote
+from fedexp.algorithms.signsgd import SignSGD, to_signs
+from fedexp.algorithms.topk import TopK, top_fraction
+from fedexp.core.algorithm import BuildContext
+from fedexp.core.client_store import ClientStore
+from fedexp.core.messages import Signs
+from fedexp.core.types import ClientResult, RoundContext, ServerState
+from fedexp.models.mlp import mlp
+
+CLIENT = OmegaConf.create(
+    {
+        "local_epochs": 1,
+        "batch_size": 4,
+        "optimizer": "sgd",
+        "lr": 0.1,
+        "momentum": 0.0,
+        "weight_decay": 0.0,
+    }
+)
+
+
+def make_ctx(aggregator=weighted_mean) -> BuildContext:
+    return BuildContext(
+        model_factory=partial(mlp, input_shape=(4,), num_classes=3, hidden=(5,)),
+        client_cfg=CLIENT,
+        aggregator=partial(aggregator),
+        data=None,
+        device=torch.device("cpu"),
+        seed=0,
+        store=ClientStore(),
+    )
+
+
+def test_signs_map_zero_to_plus_one():
+    assert to_signs(torch.tensor([0.5, -0.1, 0.0])).tolist() == [1, -1, 1]
+
+
+def test_signsgd_step_is_server_lr_times_the_majority_sign():
+    algorithm = SignSGD(make_ctx(sign_vote), server_lr=0.5)
+    state = ServerState(params=torch.zeros(3))
+    votes = [[1, -1, 1], [1, -1, -1], [-1, -1, 1], [-1, 1, -1]]  # sums 0, -2, 0
+    results = [
+        ClientResult(c, 1, Signs(torch.tensor(v, dtype=torch.int8)), 0.0, 1)
+        for c, v in enumerate(votes)
+    ]
+    new, metrics = algorithm.aggregate(state, results, RoundContext(1, (0, 1, 2, 3), 0))
+    assert torch.equal(new.params, torch.tensor([0.0, -0.5, 0.0]))
+    assert metrics["signsgd/tied_fraction"] == pytest.approx(2 / 3)
+
+
+def test_top_fraction_keeps_the_largest_magnitudes():
+    sparse = top_fraction(torch.tensor([0.1, -5.0, 3.0, 0.2]), 0.5)
+    assert sparse.indices.tolist() == [1, 2] and sparse.values.tolist() == [-5.0, 3.0]
+    assert sparse.dense().tolist() == [0.0, -5.0, 3.0, 0.0]
+
+
+def test_topk_error_feedback_keeps_what_was_not_sent():
+    algorithm = TopK(make_ctx(), fraction=0.1, error_feedback=True)
+    state = algorithm.init_state()
+    payload = algorithm.configure_round(state, RoundContext(1, (0,), 0))[0]
+    module = algorithm.client_module(0)
+    algorithm.client_begin(module, 0, payload)
+    with torch.no_grad():
+        for p in module.model.parameters():
+            p.add_(torch.linspace(-1, 1, p.numel()).view_as(p))
+    update = torch.cat([torch.linspace(-1, 1, p.numel()) for p in module.model.parameters()])
+    sent = algorithm.client_end(module, 0, payload)
+    residual = algorithm.store.get(0)
+    assert torch.allclose(sent.dense() + residual, update, atol=1e-6)
+    assert residual[sent.indices].abs().sum() == 0
+    # next round: the residual is added before selecting
+    algorithm.client_begin(module, 0, payload)
+    again = algorithm.client_end(module, 0, payload)
+    assert torch.allclose(again.dense() + algorithm.store.get(0), residual, atol=1e-6)
