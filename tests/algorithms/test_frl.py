@@ -95,6 +95,8 @@ def test_vote_of_identical_rankings_keeps_them():
 
 
 class TinyData:
+    batch_transform = None
+
     def __init__(self):
         g = torch.Generator().manual_seed(0)
         self.x = torch.randn(16, 4, generator=g)
