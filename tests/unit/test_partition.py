@@ -61,3 +61,10 @@ def test_local_split_and_cache(tmp_path):
         assert np.array_equal(a, b) and np.array_equal(c, d)
         assert len(np.intersect1d(a, c)) == 0
         assert len(c) == 10 and len(a) == 40  # 50 samples per client, 20 % local test
+
+
+def test_empty_local_test_splits_are_left_out_of_the_spread():
+    from fedexp.core.evaluation import distribution
+
+    spread = distribution("eval/personal", np.array([0.5, np.nan, 1.0]))
+    assert spread["eval/personal/acc_mean"] == 0.75 and spread["eval/personal/acc_min"] == 0.5

@@ -1,7 +1,10 @@
-"""Multi-Krum (Blanchard et al., 2017), as in the reference code of the FRL and NDSS'21 papers.
+"""Multi-Krum (Blanchard et al., 2017).
 
-Score each update by the sum of squared distances to its n'-f-2 nearest other updates (n' the
-updates not yet selected), select the lowest score, remove it, repeat; average the selected ones.
+Score each update by the sum of squared distances to its n'-f-2 nearest *other* updates (n' the
+updates not yet selected; Blanchard's score), select the lowest score, remove it, repeat; average
+the selected ones. The number selected, n - 2f - 2, follows the FRL/NDSS'21 reference code, whose
+score differs slightly: it sums the first n-f-2 sorted distances *including* the zero distance of
+an update to itself (n-f-3 others).
 """
 
 from __future__ import annotations

@@ -90,12 +90,13 @@ class FedAvg(Algorithm):
         step = self.ctx.aggregator(
             updates, self.client_weights(results), num_malicious=malicious_count(results)
         )
+        buffers = dict(state.buffers)  # the caller's state stays as it was
         if self.server_momentum:
-            buf = state.buffers.get("momentum")
+            buf = buffers.get("momentum")
             step = step if buf is None else self.server_momentum * buf + step
-            state.buffers["momentum"] = step
+            buffers["momentum"] = step
         step = step if self.server_lr == 1.0 else self.server_lr * step  # x * 1.0 == x
-        return ServerState(state.params + step, state.buffers), {}
+        return ServerState(state.params + step, buffers), {}
 
     # ---- client --------------------------------------------------------------------------------
     def client_module(self, client_id: int) -> ClientModule:

@@ -30,7 +30,7 @@ class RepModule(ClientModule):
 
 
 class FedRep(FedAvg):
-    def __init__(self, ctx: BuildContext, head_epochs: int = 10, body_epochs: int = 1, **kwargs):
+    def __init__(self, ctx: BuildContext, head_epochs: int = 5, body_epochs: int = 1, **kwargs):
         if head_epochs < 0 or body_epochs < 0 or head_epochs + body_epochs == 0:
             raise ConfigError("algorithm.head_epochs/body_epochs: must be >= 0, not both 0")
         self.head_epochs, self.body_epochs = head_epochs, body_epochs
@@ -45,8 +45,12 @@ class FedRep(FedAvg):
     def init_state(self) -> ServerState:
         state = super().init_state()
         state.buffers["initial_head"] = flat_params(list(self.eval_model.head.parameters()))
-        self._initial_head = state.buffers["initial_head"]
+        self.on_resume(state)
         return state
+
+    def on_resume(self, state: ServerState) -> None:
+        # the head a never-sampled client starts from is server state, kept in the buffers
+        self._initial_head = state.buffers["initial_head"]
 
     def _head(self, client_id: int):
         return self.store.get(client_id, self._initial_head)

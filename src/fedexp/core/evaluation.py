@@ -46,7 +46,11 @@ def client_accuracies(model: nn.Module, data) -> np.ndarray:
 
 def distribution(prefix: str, accs: np.ndarray) -> dict[str, float]:
     """mean/std/var/min/p10/max of per-client accuracies under `prefix` (var: the fairness
-    measure of WAFFLe and q-FFL, the population variance over clients)."""
+    measure of WAFFLe and q-FFL, the population variance over clients). Clients with an empty
+    local test split (NaN) are left out; NaN only when no client has a test sample."""
+    accs = accs[~np.isnan(accs)]
+    if accs.size == 0:
+        accs = np.array([np.nan])
     return {
         f"{prefix}/acc_mean": float(accs.mean()),
         f"{prefix}/acc_std": float(accs.std()),
@@ -61,7 +65,7 @@ def group_metrics(accs: np.ndarray, groups: list[str]) -> dict[str, float]:
     """Per-group mean accuracy and the gap between the best and the worst group."""
     names = sorted(set(groups))
     labels = np.array(groups)
-    means = {g: float(accs[labels == g].mean()) for g in names}
+    means = {g: float(np.nanmean(accs[labels == g])) for g in names}
     out = {f"eval/group/{g}/acc_mean": m for g, m in means.items()}
     out["eval/group/gap"] = max(means.values()) - min(means.values())
     return out
@@ -79,7 +83,6 @@ def evaluate(algorithm: Algorithm, state: ServerState, data) -> tuple[dict, dict
         # the global model on each client's split: eval/global/client_acc_mean|std|min|p10|max
         spread = distribution("eval/global/client", accs)
         metrics.update({k.replace("client/acc", "client_acc"): v for k, v in spread.items()})
-        metrics["eval/global/client_acc_var"] = float(accs.var())
         per_client["global"] = accs.tolist()
     personal = []
     for c in clients:

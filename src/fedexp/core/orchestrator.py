@@ -116,6 +116,7 @@ class Orchestrator:
             "totals": dict(self.totals),
             "last_eval": dict(self.last_eval),
             "client_accs": dict(self.client_accs),
+            "train_seconds": self.train_seconds,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -123,3 +124,4 @@ class Orchestrator:
         self.totals = dict(state["totals"])
         self.last_eval = dict(state["last_eval"])
         self.client_accs = dict(state["client_accs"])
+        self.train_seconds = float(state.get("train_seconds", 0.0))

@@ -219,9 +219,10 @@ class VectorizedExecutor:
                 idx, valid, active = idx.to(device), valid.to(device), active.to(device)
                 for t in range(idx.shape[1]):
                     xb = x_all[idx[:, t]]
-                    if transform is not None:
-                        flat = xb.flatten(0, 1)
-                        xb = transform(flat, runs[0].generator).view_as(xb)
+                    if transform is not None:  # each client's augmentation from its own stream
+                        xb = torch.stack(
+                            [transform(xb[i], r.generator) for i, r in enumerate(runs)]
+                        )
                     yb = y_all[idx[:, t]].masked_fill(~valid[:, t], IGNORE_LABEL)
                     train = {n: stacked[n] for n in param_names if n in trainable}
                     frozen = {n: stacked[n] for n in param_names if n not in trainable}

@@ -317,13 +317,14 @@ def _save(path: Path, partition: Partition) -> None:
 
 
 def _load(path: Path) -> Partition:
-    z = np.load(path)
-
     def unpack(v, off):
         return [v[off[i] : off[i + 1]] for i in range(len(off) - 1)]
 
-    groups = z["groups"].tolist() if "groups" in z.files else None
-    return Partition(unpack(z["train"], z["train_off"]), unpack(z["test"], z["test_off"]), groups)
+    with np.load(path) as z:
+        groups = z["groups"].tolist() if "groups" in z.files else None
+        return Partition(
+            unpack(z["train"], z["train_off"]), unpack(z["test"], z["test_off"]), groups
+        )
 
 
 def class_counts(labels: np.ndarray, partition: Partition, num_classes: int) -> np.ndarray:

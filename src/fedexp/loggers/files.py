@@ -11,15 +11,20 @@ from typing import Any
 
 
 def _clean(value: Any) -> Any:
+    """Non-finite floats become null (JSON has no NaN), recursively."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
     return value
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write JSON via a temp file + rename, so a reader never sees half a file."""
+    """Write strict JSON via a temp file + rename, so a reader never sees half a file."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str))
+    tmp.write_text(json.dumps(_clean(obj), indent=2, sort_keys=True, default=str, allow_nan=False))
     os.replace(tmp, path)
 
 
@@ -39,7 +44,9 @@ class RunRecorder:
 
 
 class CSVLogger:
-    """metrics.csv: one row per evaluated round; columns are fixed by the first row."""
+    """metrics.csv: one row per evaluated round. A metric that first appears in a later round
+    (an audit at the last evaluation, say) widens the table: the file is rewritten once with the
+    new header, earlier rows left blank in the new columns."""
 
     def __init__(self, run_dir: str | Path):
         self.path = Path(run_dir) / "metrics.csv"
@@ -52,14 +59,25 @@ class CSVLogger:
         pass
 
     def log_metrics(self, metrics: dict, step: int) -> None:
-        new = self.fields is None
-        if new:
+        if self.fields is None:
             self.fields = list(metrics)
+            self._rewrite([])
+        added = [k for k in metrics if k not in self.fields]
+        if added:
+            with self.path.open(newline="") as f:
+                rows = list(csv.DictReader(f))
+            self.fields += added
+            self._rewrite(rows)
         with self.path.open("a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=self.fields, extrasaction="ignore")
-            if new:
-                writer.writeheader()
-            writer.writerow(metrics)
+            csv.DictWriter(f, fieldnames=self.fields).writerow(metrics)
+
+    def _rewrite(self, rows: list[dict]) -> None:
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with tmp.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=self.fields)
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(tmp, self.path)
 
     def log_artifact(self, path: str | Path, kind: str) -> None:
         pass
