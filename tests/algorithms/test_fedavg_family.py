@@ -3,6 +3,7 @@ import torch
 from fedexp.algorithms.fedavg import FedAvg
 from fedexp.algorithms.fedprox import FedProx
 from fedexp.algorithms.fedrep import FedRep
+from fedexp.core.algorithm import flat_params
 from fedexp.core.executors import SequentialExecutor
 from fedexp.core.types import ClientResult, RoundContext, ServerState, Weights
 from handworld import make_ctx, small_mlp
@@ -84,4 +85,6 @@ def test_fedrep_heads_stay_on_clients_and_differ(two_clients):
     h0, h1 = algo.store.get(0), algo.store.get(1)
     assert h0.numel() == head and not torch.equal(h0, h1)
     assert algo.global_model(new) is None
-    assert algo.personal_model(new, 0) is not None
+    personal = algo.personal_model(new, 1)
+    assert torch.equal(flat_params(list(personal.head.parameters())), h1)  # client 1's own head
+    assert torch.equal(flat_params(list(personal.body.parameters())), new.params)

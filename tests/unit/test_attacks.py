@@ -172,7 +172,7 @@ def test_agr_tailored_against_multikrum_is_selected():
     assert attack.target == "multikrum"
     results = round_of()
     out = attack.apply(results, CTX)
-    crafted = [r for r in out if r.extra.get("malicious")][0].upload.values
+    crafted = [r for r in out if r.malicious][0].upload.values
     known = torch.stack([r.upload.values for r in results])
     assert attack.last_gamma > 0 and krum_selects_all(crafted, known, copies=2)
     assert setup(AGRTailored(0.2)).target == "trimmed_mean"  # auto without a robust aggregator

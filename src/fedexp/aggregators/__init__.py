@@ -23,8 +23,8 @@ KNOWN = "known"  # option value: use the round's true number of malicious client
 
 
 def malicious_count(results: Sequence[ClientResult]) -> int:
-    """How many of the round's uploads an attack corrupted (it flags them in `extra`)."""
-    return sum(int(r.extra.get("malicious", 0)) for r in results)
+    """How many of the round's uploads an attack corrupted (it flags them `malicious`)."""
+    return sum(r.malicious for r in results)
 
 
 def aggregator_name(aggregator: Callable) -> str:

@@ -4,7 +4,7 @@ An attack is set up once (`setup`): `fraction` of ALL clients are malicious, dra
 seed. Data poisoning returns a poisoned view of the data (`wrap_data`, called by the round loop);
 model poisoning rewrites the uploads of the round's malicious clients after local training
 (`apply`), where they have trained benignly on their own data. Corrupted uploads are flagged
-(`extra["malicious"] = 1`) so that an aggregator may be told the round's true malicious count
+(`ClientResult.malicious`) so that an aggregator may be told the round's true malicious count
 (`fedexp.aggregators.malicious_count`). `round_metrics` reports `attack/*` every round.
 
 `targets` names the upload types (Message classes) an attack can corrupt; `check_target` raises
@@ -103,8 +103,7 @@ class Attack(NoAttack):
             return out
         uploads = self.corrupt(out, positions, ctx)
         for i, upload in zip(positions, uploads):
-            extra = {**out[i].extra, "malicious": 1.0}
-            out[i] = dataclasses.replace(out[i], upload=upload, extra=extra)
+            out[i] = dataclasses.replace(out[i], upload=upload, malicious=True)
         return out
 
     def corrupt(

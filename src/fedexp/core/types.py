@@ -65,7 +65,7 @@ class ClientResult:
     upload: Message
     train_loss: float
     num_steps: int
-    extra: dict[str, float] = field(default_factory=dict)
+    malicious: bool = False  # set by an attack that corrupted this upload
 
 
 @dataclass
