@@ -18,10 +18,10 @@ def test_shard_balances_samples_largest_first():
 
 
 def test_to_device_rebuilds_frozen_messages():
-    result = ClientResult(3, 10, Weights(torch.ones(2)), torch.tensor(0.5), 4, {"a": 1.0})
-    moved = to_device(result, torch.device("cpu"))
-    assert moved == result or torch.equal(moved.upload.values, result.upload.values)
-    assert isinstance(moved.upload, Weights) and moved.num_steps == 4
+    result = ClientResult(3, 10, Weights(torch.ones(2)), torch.tensor(0.5), 4, malicious=True)
+    moved = to_device(result, torch.device("meta"))
+    assert moved.upload is not result.upload and moved.upload.values.device.type == "meta"
+    assert isinstance(moved.upload, Weights) and moved.num_steps == 4 and moved.malicious
 
 
 def test_outside_torchrun_nothing_changes(monkeypatch):
