@@ -31,7 +31,6 @@ from omegaconf import OmegaConf, open_dict
 from torch.utils.flop_counter import FlopCounterMode
 
 from fedexp.__main__ import find_conf
-from fedexp.core.orchestrator import Orchestrator
 from fedexp.core.seeding import CLIENT, derive_seed, sample_clients
 from fedexp.data.datasets import Dataset
 from fedexp.run import Experiment
@@ -140,17 +139,7 @@ def sync(device: torch.device) -> None:
 
 def run_fedexp(exp: Experiment) -> tuple[float, torch.Tensor, dict]:
     """Time one full run through the Orchestrator; returns (seconds, final params, last eval)."""
-    cfg = exp.cfg
-    orch = Orchestrator(
-        exp.algorithm,
-        exp.executor,
-        exp.data,
-        exp.attack,
-        seed=cfg.seed,
-        rounds=cfg.rounds,
-        clients_per_round=cfg.clients_per_round,
-        eval_every=cfg.eval_every,
-    )
+    orch = exp.orchestrator()
     sync(exp.device)
     start = time.perf_counter()
     last = orch.run()

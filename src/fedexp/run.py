@@ -205,6 +205,21 @@ class Experiment:
         """On resume, hand a logger its saved state (W&B run id) before it starts."""
         restore_logger(logger, self.checkpoint)
 
+    def orchestrator(self, algorithm=None, **hooks) -> Orchestrator:
+        """The round loop over this experiment's components (`hooks`: loggers, on_round, ...)."""
+        cfg = self.cfg
+        return Orchestrator(
+            algorithm or self.algorithm,
+            self.executor,
+            self.data,
+            self.attack,
+            seed=cfg.seed,
+            rounds=cfg.rounds,
+            clients_per_round=cfg.clients_per_round,
+            eval_every=cfg.eval_every,
+            **hooks,
+        )
+
     def run(self, loggers: list, on_round=None, choices: dict | None = None) -> dict[str, Any]:
         cfg = self.cfg
         recorder = RunRecorder(self.run_dir)
@@ -221,15 +236,7 @@ class Experiment:
             components,
             loggers,
         )
-        orch = Orchestrator(
-            self.algorithm,
-            self.executor,
-            self.data,
-            self.attack,
-            seed=cfg.seed,
-            rounds=cfg.rounds,
-            clients_per_round=cfg.clients_per_round,
-            eval_every=cfg.eval_every,
+        orch = self.orchestrator(
             loggers=[recorder, *loggers],
             on_round=on_round,
             callbacks=self.callbacks,

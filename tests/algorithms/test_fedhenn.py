@@ -69,18 +69,7 @@ class Capture:
 
 def run(exp: Experiment, algorithm=None) -> tuple[Orchestrator, Capture]:
     capture = Capture()
-    cfg = exp.cfg
-    orch = Orchestrator(
-        algorithm or exp.algorithm,
-        exp.executor,
-        exp.data,
-        exp.attack,
-        seed=cfg.seed,
-        rounds=cfg.rounds,
-        clients_per_round=cfg.clients_per_round,
-        eval_every=cfg.eval_every,
-        loggers=[capture],
-    )
+    orch = exp.orchestrator(algorithm, loggers=[capture])
     orch.run()
     return orch, capture
 

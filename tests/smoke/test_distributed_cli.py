@@ -12,7 +12,6 @@ from hydra import compose, initialize_config_dir
 from tests.conftest import REPO, summaries
 
 from fedexp.__main__ import find_conf
-from fedexp.core.orchestrator import Orchestrator
 from fedexp.run import Experiment
 
 # FedRep: heads trained on one rank must reach the others through the round's all-gather
@@ -38,16 +37,7 @@ def one_process_metrics(tmp_path) -> dict:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        orch = Orchestrator(
-            exp.algorithm,
-            exp.executor,
-            exp.data,
-            exp.attack,
-            seed=cfg.seed,
-            rounds=cfg.rounds,
-            clients_per_round=cfg.clients_per_round,
-            eval_every=cfg.eval_every,
-        )
+        orch = exp.orchestrator()
         return orch.run()
     finally:
         torch.set_num_threads(threads)

@@ -8,7 +8,6 @@ from hydra import compose, initialize_config_dir
 from tests.conftest import summaries
 
 from fedexp.__main__ import find_conf
-from fedexp.core.orchestrator import Orchestrator
 from fedexp.run import Experiment
 
 RUN = ["debug=smoke", "algorithm=fedrep", "algorithm.head_epochs=1", "client.batch_size=16"]
@@ -18,16 +17,7 @@ def in_process_metrics(tmp_path, *overrides: str) -> dict:
     with initialize_config_dir(config_dir=find_conf(), version_base="1.3"):
         cfg = compose("config", overrides=[*RUN, f"paths.cache_dir={tmp_path}", *overrides])
     exp = Experiment(cfg, tmp_path)
-    orch = Orchestrator(
-        exp.algorithm,
-        exp.executor,
-        exp.data,
-        exp.attack,
-        seed=cfg.seed,
-        rounds=cfg.rounds,
-        clients_per_round=cfg.clients_per_round,
-        eval_every=cfg.eval_every,
-    )
+    orch = exp.orchestrator()
     metrics = orch.run()
     if cfg.client_store.max_bytes:  # the budget held and states went to disk and back
         assert exp.store.num_spilled > 0 and exp.store.resident_bytes <= 10 * 1024

@@ -12,7 +12,6 @@ from torch import nn
 
 from fedexp.__main__ import find_conf
 from fedexp.core.executors import SequentialExecutor, auto_executor
-from fedexp.core.orchestrator import Orchestrator
 from fedexp.core.seeding import sample_clients
 from fedexp.core.types import ConfigError
 from fedexp.core.vectorized import (
@@ -52,17 +51,7 @@ def experiment(tmp_path, *overrides: str) -> Experiment:
 
 
 def train(exp: Experiment) -> tuple[torch.Tensor, dict]:
-    cfg = exp.cfg
-    orch = Orchestrator(
-        exp.algorithm,
-        exp.executor,
-        exp.data,
-        exp.attack,
-        seed=cfg.seed,
-        rounds=cfg.rounds,
-        clients_per_round=cfg.clients_per_round,
-        eval_every=cfg.eval_every,
-    )
+    orch = exp.orchestrator()
     last = orch.run()
     return orch.state.params, {k: v for k, v in last.items() if not k.startswith("time/")}
 
