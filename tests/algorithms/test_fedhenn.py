@@ -273,3 +273,19 @@ def test_bad_configs_are_config_errors(tmp_path, overrides, message):
 def test_heterogeneous_on_a_single_model_draws_from_the_default_family(tmp_path):
     algo = experiment(tmp_path, "algorithm=fedhenn", "algorithm.variant=heterogeneous").algorithm
     assert algo.num_archs == 5
+
+
+def test_eavesdroppers_rebuild_the_homogeneous_local_model_and_nothing_heterogeneous(tmp_path):
+    for overrides, rebuilds in ((("algorithm=fedhenn",), True), (HETERO, False)):
+        exp = experiment(tmp_path / str(rebuilds), *overrides)
+        algorithm = exp.algorithm
+        state = algorithm.init_state()
+        ctx = RoundContext(1, (0,), exp.cfg.seed)
+        payloads = algorithm.configure_round(state, ctx)
+        (result,) = exp.executor.run(algorithm, payloads, ctx, exp.data)
+        rebuilt = algorithm.eavesdropped_model(payloads[0], result.upload)
+        if rebuilds:  # the local model the client keeps, up to (w + delta) - w rounding
+            local = algorithm.store.get(0)
+            assert torch.allclose(flat_params(list(rebuilt.parameters())), local, atol=1e-6)
+        else:
+            assert rebuilt is None

@@ -127,3 +127,16 @@ def test_a_round_through_the_executor_changes_only_the_ranking():
     )
     for before, layer in zip(weights_before, supermask_layers(frl.module.model)):
         assert torch.equal(before, layer.weight)
+
+
+def test_eavesdropper_rebuilds_the_clients_own_network_from_seed_and_ranking():
+    frl = make_frl()
+    state = frl.init_state()
+    ctx = RoundContext(1, (0,), 0)
+    payloads = frl.configure_round(state, ctx)
+    (result,) = SequentialExecutor(batch_size=4).run(frl, payloads, ctx, TinyData())
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(3))
+    client_out = frl.module.model(x)  # the client's trained scores, masked
+    rebuilt = make_frl().eavesdropped_model(payloads[0], result.upload)  # from the seed alone
+    assert torch.equal(rebuilt(x), client_out)
+    assert not torch.equal(frl.global_model(state)(x), client_out)  # training moved the mask

@@ -12,10 +12,10 @@ from fedexp.aggregators.mean import weighted_mean
 from fedexp.aggregators.sign_vote import sign_vote
 from fedexp.algorithms.signsgd import SignSGD, to_signs
 from fedexp.algorithms.topk import TopK, top_fraction
-from fedexp.core.algorithm import BuildContext
+from fedexp.core.algorithm import BuildContext, flat_params
 from fedexp.core.client_store import ClientStore
-from fedexp.core.messages import Signs
-from fedexp.core.types import ClientResult, RoundContext, ServerState
+from fedexp.core.messages import Signs, SparseDelta
+from fedexp.core.types import ClientResult, RoundContext, ServerState, Weights
 from fedexp.models.mlp import mlp
 
 CLIENT = OmegaConf.create(
@@ -83,3 +83,19 @@ def test_topk_error_feedback_keeps_what_was_not_sent():
     algorithm.client_begin(module, 0, payload)
     again = algorithm.client_end(module, 0, payload)
     assert torch.allclose(again.dense() + algorithm.store.get(0), residual, atol=1e-6)
+
+
+def test_eavesdroppers_rebuild_topk_from_the_dense_upload_and_signsgd_from_one_vote():
+    d = 4 * 5 + 5 + 5 * 3 + 3  # mlp 4 -> 5 -> 3
+    topk = TopK(make_ctx(), fraction=0.1)
+    upload = SparseDelta(torch.tensor([2.0, -3.0]), torch.tensor([0, 5]), d)
+    rebuilt = topk.eavesdropped_model(Weights(torch.ones(d)), upload)
+    expected = torch.ones(d)
+    expected[0], expected[5] = 3.0, -2.0
+    assert torch.equal(flat_params(list(rebuilt.parameters())), expected)
+
+    signsgd = SignSGD(make_ctx(sign_vote), server_lr=0.5)
+    signs = torch.tensor([1, -1] * (d // 2) + [1], dtype=torch.int8)
+    rebuilt = signsgd.eavesdropped_model(Weights(torch.ones(d)), Signs(signs))
+    # what the server would step to for this one client: 1 +- 0.5, not 1 +- 1
+    assert torch.equal(flat_params(list(rebuilt.parameters())), 1 + 0.5 * signs.float())

@@ -66,3 +66,15 @@ def test_budget_parsing():
         parse_bytes("lots")
     with pytest.raises(ConfigError, match="client_store.max_bytes"):
         ClientStore(max_bytes=0)
+
+
+def test_delete_forgets_resident_and_spilled_states_and_ignores_absent_ones(tmp_path):
+    store = ClientStore(max_bytes=150, spill_dir=tmp_path)  # room for one 100-byte state
+    store.put(1, state(1))
+    store.put(2, state(2))  # 1 spills
+    store.delete(1)
+    assert 1 not in store and not (tmp_path / "client_1.pt").exists()
+    store.delete(2)
+    assert 2 not in store and store.resident_bytes == 0 and len(store) == 0
+    store.delete(3)  # never stored: nothing to do
+    assert len(store) == 0

@@ -48,10 +48,8 @@ from fedexp.core.types import (
     ServerState,
     Weights,
 )
+from fedexp.models.family import client_arch, family_size
 from fedexp.models.family import default_family as family_factory
-from fedexp.models.family import family_size
-
-ARCH_STREAM = 43  # derive_seed tag of the per-client architecture draw
 
 
 def fedhenn(
@@ -143,6 +141,11 @@ class FedHeNNHomogeneous(FedAvg):
         load_flat(list(model.parameters()), self.store.get(client_id, state.params))
         return model
 
+    def eavesdropped_model(self, payload: AlignPayload, upload: Message) -> nn.Module | None:
+        """The client's local model: the broadcast weights plus the uploaded delta."""
+        load_flat(self.shared(self.eval_model), payload.weights + upload.values)
+        return self.eval_model
+
 
 class FedHeNNHeterogeneous(Algorithm):
     """Personal models of different architectures; only representations and kernels travel."""
@@ -230,6 +233,9 @@ class FedHeNNHeterogeneous(Algorithm):
         load_flat(list(model.parameters()), self.client_params(client_id))
         return model
 
+    def eavesdropped_model(self, payload: AlignPayload, upload: Message) -> nn.Module | None:
+        """None: the uploads are representations of a probe set; no model can be rebuilt."""
+
     def state_is_finite(self, state: ServerState) -> bool:
         kernel = state.buffers.get("kernel")
         return kernel is None or bool(torch.isfinite(kernel).all())
@@ -241,9 +247,3 @@ class FedHeNNHeterogeneous(Algorithm):
             out[f"fedhenn/arch{a}_clients"] = int(counts[a])
             out[f"fedhenn/arch{a}_params"] = sum(p.numel() for p in module.model.parameters())
         return out
-
-
-def client_arch(seed: int, client_id: int, num_archs: int) -> int:
-    """The client's architecture, uniform over the family, fixed at its creation."""
-    rng = np.random.default_rng(derive_seed(seed, ARCH_STREAM, client_id))
-    return int(rng.integers(num_archs))

@@ -148,6 +148,15 @@ class FRL(Algorithm):
             write_ranking(layer.scores, edge_ranking, s0)
         return self.eval_model
 
+    def eavesdropped_model(self, payload: Message, upload: Message) -> nn.Module | None:
+        """The client's own network: anyone with the broadcast seed rebuilds θ^w and S0, and S0
+        written along the uploaded ranking gives the client's mask exactly (only the order of
+        the scores matters)."""
+        layers = supermask_layers(self.eval_model)
+        for layer, edge_ranking, s0 in zip(layers, upload.layers, self.client_s0):
+            write_ranking(layer.scores, edge_ranking, s0)
+        return self.eval_model
+
     def describe(self) -> dict[str, float]:
         layers = supermask_layers(self.eval_model)
         return {

@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from torch import nn
 
 from fedexp.algorithms.fedavg import FedAvg
-from fedexp.core.algorithm import BuildContext, flat_params
+from fedexp.core.algorithm import BuildContext, flat_params, load_flat
 from fedexp.core.client import ClientModule
 from fedexp.core.messages import SparseDelta
 from fedexp.core.types import ClientResult, ConfigError, Message
@@ -58,3 +59,10 @@ class TopK(FedAvg):
         if self.error_feedback:
             self.store.put(client_id, update.index_fill(0, sparse.indices, 0.0))
         return sparse
+
+    def eavesdropped_model(self, payload: Message, upload: Message) -> nn.Module | None:
+        """The broadcast weights plus the densified upload. With error feedback the upload holds
+        the residual of earlier rounds too: it is what the server sees, not the exact local model.
+        """
+        load_flat(self.shared(self.eval_model), payload.values + upload.dense())
+        return self.eval_model

@@ -74,13 +74,17 @@ class ClientStore:
         return default
 
     def put(self, client_id: int, state: Any) -> None:
+        self.delete(client_id)
+        self._keep(client_id, state)
+
+    def delete(self, client_id: int) -> None:
+        """Forget the client's state (resident or spilled); a client without one is left alone."""
         if client_id in self._spilled:
             self._spilled.discard(client_id)
             self._file(client_id).unlink()
         elif client_id in self._state:
             self.resident_bytes -= self._bytes.pop(client_id)
             del self._state[client_id]
-        self._keep(client_id, state)
 
     def __contains__(self, client_id: int) -> bool:
         return client_id in self._state or client_id in self._spilled

@@ -12,8 +12,13 @@ rebuilt model on a balanced set: m of the client's training samples (members) an
 test split (non-members, same distribution). `privacy/mia_acc` is its accuracy (0.5 = chance).
 
 The target's upload is produced by running that client's local training once more from the
-current global state (as in the next round); the client store is restored afterwards, so the
-audit never changes the run it observes.
+current global state (as in the next round). The store entries of the audited clients (targets
+and shadows) and torch's global RNG (CPU and the training device) are restored afterwards, so the
+audit never changes the run it observes; only those entries are read, so a spilling store keeps
+its memory budget.
+
+Where `eavesdropped_model` returns None (nothing to rebuild from an upload, e.g. FedHeNN
+heterogeneous, whose clients upload representations), the audit logs it and reports no metric.
 """
 
 from __future__ import annotations
@@ -23,10 +28,11 @@ import logging
 import numpy as np
 import torch
 from torch import nn
+from torch.utils._pytree import tree_map
 
 from fedexp.core.algorithm import Algorithm
 from fedexp.core.executors import train_local
-from fedexp.core.seeding import client_generator, derive_seed
+from fedexp.core.seeding import client_generator, derive_seed, seed_global_rng
 from fedexp.core.types import ConfigError, Message, RoundContext
 
 log = logging.getLogger(__name__)
@@ -67,6 +73,18 @@ def attack_accuracy(attack, members: np.ndarray, non_members: np.ndarray) -> flo
     m = min(len(members), len(non_members))
     hits = (attack.predict(members[:m]) == 1).sum() + (attack.predict(non_members[:m]) == 0).sum()
     return float(hits / (2 * m))
+
+
+def snapshot(client_state):
+    """A copy of a client's stored state (tensors cloned: training may write into them)."""
+    return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, client_state)
+
+
+def rng_devices(device: torch.device) -> list[int]:
+    """The CUDA devices whose RNG `seed_global_rng` reseeds when training on `device`."""
+    if device.type != "cuda":
+        return []
+    return [device.index if device.index is not None else torch.cuda.current_device()]
 
 
 class MembershipInferenceAudit:
@@ -110,20 +128,49 @@ class MembershipInferenceAudit:
                 type(algorithm).__name__,
             )
             return {}
-        saved = algorithm.store.state_dict()  # local training below must not leak into the run
+        rng = np.random.default_rng(derive_seed(self.ctx.seed, MIA_STREAM, round_idx))
+        num_clients = self.ctx.data.num_clients
+        targets = [int(c) for c in rng.permutation(num_clients)[: self.num_targets]]
+        shadow_ids = [num_clients + k for k in range(self.num_shadows)]  # outside the federation
+        store = algorithm.store
+        # local training below must not leak into the run: keep the entries it may touch
+        saved = {cid: snapshot(store.get(cid)) for cid in (*targets, *shadow_ids) if cid in store}
         try:
-            with torch.random.fork_rng(devices=[]):
-                return self.audit(algorithm, state, round_idx)
+            with torch.random.fork_rng(devices=rng_devices(algorithm.device)):
+                return self.audit(algorithm, state, round_idx, rng, targets, shadow_ids)
         finally:
-            algorithm.store.load_state_dict(saved)
+            for cid in (*targets, *shadow_ids):
+                if cid in saved:
+                    store.put(cid, saved[cid])
+                else:
+                    store.delete(cid)
 
-    def audit(self, algorithm, state, round_idx: int) -> dict[str, float]:
+    def audit(
+        self, algorithm, state, round_idx: int, rng, targets: list[int], shadow_ids: list[int]
+    ) -> dict[str, float]:
         data, seed = self.ctx.data, self.ctx.seed
-        rng = np.random.default_rng(derive_seed(seed, MIA_STREAM, round_idx))
-        targets = [int(c) for c in rng.permutation(data.num_clients)[: self.num_targets]]
-        shadow_ids = [data.num_clients + k for k in range(self.num_shadows)]  # outside the fed.
         ctx = RoundContext(round_idx + 1, (*targets, *shadow_ids), seed)
         payloads = algorithm.configure_round(state, ctx)
+        # targets first: a None rebuild ends the audit before any shadow trains
+        target_features = []
+        for cid in targets:
+            x, y = data.train(cid)
+            model = self.rebuilt(algorithm, cid, payloads[cid], x, y, round_idx)
+            if model is None:
+                log.info(
+                    "privacy=mia: %s rebuilds no model from an upload; no audit",
+                    type(algorithm).__name__,
+                )
+                return {}
+            tx, ty = data.test(cid)
+            m = min(len(y), len(ty), self.max_samples)
+            if m == 0:
+                continue
+            pick = torch.as_tensor(rng.permutation(len(y))[:m], device=y.device)
+            members = attack_features(model, x[pick], y[pick])
+            target_features.append((members, attack_features(model, tx[:m], ty[:m])))
+        if not target_features:
+            return {}
         # shadows: the attacker's own data, split in / out at random
         pool_x, pool_y = data.test_x, data.test_y
         size = int(np.mean([data.num_train(c) for c in targets]))
@@ -136,29 +183,23 @@ class MembershipInferenceAudit:
             ins.append(attack_features(model, pool_x[i], pool_y[i]))
             outs.append(attack_features(model, pool_x[o], pool_y[o]))
         attack = fit_attack(np.concatenate(ins), np.concatenate(outs), self.attack_model, seed)
-        accs = []
-        for cid in targets:
-            x, y = data.train(cid)
-            model = self.rebuilt(algorithm, cid, payloads[cid], x, y, round_idx)
-            tx, ty = data.test(cid)
-            m = min(len(y), len(ty), self.max_samples)
-            if m == 0:
-                continue
-            pick = torch.as_tensor(rng.permutation(len(y))[:m], device=y.device)
-            members = attack_features(model, x[pick], y[pick])
-            accs.append(attack_accuracy(attack, members, attack_features(model, tx[:m], ty[:m])))
-        return {"privacy/mia_acc": float(np.mean(accs))} if accs else {}
+        accs = [attack_accuracy(attack, members, non) for members, non in target_features]
+        return {"privacy/mia_acc": float(np.mean(accs))}
 
     def rebuilt(
         self, algorithm, client_id: int, payload: Message, x, y, round_idx: int
-    ) -> nn.Module:
-        """Run one client's local training on (x, y) and rebuild what an eavesdropper sees."""
-        torch.manual_seed(derive_seed(self.ctx.seed, MIA_STREAM, round_idx, client_id, 1))
+    ) -> nn.Module | None:
+        """Run one client's local training on (x, y) and rebuild what an eavesdropper sees
+        (None where it rebuilds nothing)."""
+        seed_global_rng(
+            derive_seed(self.ctx.seed, MIA_STREAM, round_idx, client_id, 1), algorithm.device
+        )
         module = algorithm.client_module(client_id)
         module.generator = client_generator(
             derive_seed(self.ctx.seed, MIA_STREAM), round_idx, client_id
         )
         algorithm.client_begin(module, client_id, payload)
-        train_local(module, x, y, self.ctx.client_cfg.batch_size, module.generator)
+        batch_size, transform = self.ctx.client_cfg.batch_size, self.ctx.data.batch_transform
+        train_local(module, x, y, batch_size, module.generator, transform)
         upload = algorithm.client_end(module, client_id, payload)
         return algorithm.eavesdropped_model(payload, upload)

@@ -12,11 +12,13 @@ from pathlib import Path
 import numpy as np
 from torch import nn
 
+from fedexp.core.seeding import derive_seed
 from fedexp.core.types import ConfigError
 from fedexp.models.mlp import BodyHead
 
 # (conv layers, fully connected layers including the head), smallest to largest (FedHeNN, Sec. 5)
 CNN_FAMILY_LAYOUTS = ((1, 1), (1, 2), (2, 2), (2, 3), (3, 3))
+ARCH_STREAM = 43  # derive_seed tag of the per-client architecture draw
 
 
 def family_size(factory: Callable) -> int | None:
@@ -24,6 +26,12 @@ def family_size(factory: Callable) -> int | None:
     keywords = getattr(factory, "keywords", None) or {}
     size = keywords.get("num_archs")
     return None if size is None else int(size)
+
+
+def client_arch(seed: int, client_id: int, num_archs: int) -> int:
+    """The client's architecture, uniform over the family, fixed at its creation."""
+    rng = np.random.default_rng(derive_seed(seed, ARCH_STREAM, client_id))
+    return int(rng.integers(num_archs))
 
 
 def default_family(name: str, data_args: dict) -> Callable:
