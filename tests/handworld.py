@@ -55,3 +55,20 @@ def make_ctx(data, factory=zero_linear, seed=0, **client_kw) -> BuildContext:
         seed=seed,
         store=ClientStore(),
     )
+
+
+def mlp_ctx(aggregator=weighted_mean, data=None) -> BuildContext:
+    """A 4-in, 3-class MLP (hidden 5) with SGD lr 0.1, batch 4, one local epoch."""
+    from functools import partial
+
+    from fedexp.models.mlp import mlp
+
+    return BuildContext(
+        model_factory=partial(mlp, input_shape=(4,), num_classes=3, hidden=(5,)),
+        client_cfg=client_cfg(batch_size=4),
+        aggregator=partial(aggregator),
+        data=data,
+        device=torch.device("cpu"),
+        seed=0,
+        store=ClientStore(),
+    )

@@ -36,15 +36,6 @@ REPO = Path(__file__).resolve().parents[2]
 HETERO = ("algorithm=fedhenn", "algorithm.variant=heterogeneous", "model=cnn_family")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: on a busy machine, intra-op thread barriers cost far more than they save."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def experiment(tmp_path: Path, *overrides: str) -> Experiment:
     """An in-process run of the real config (debug=smoke: 6 clients, 3 a round, 2 rounds)."""
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):

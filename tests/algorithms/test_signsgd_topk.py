@@ -2,44 +2,18 @@
 
 from __future__ import annotations
 
-from functools import partial
-
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-from fedexp.aggregators.mean import weighted_mean
 from fedexp.aggregators.sign_vote import sign_vote
 from fedexp.algorithms.signsgd import SignSGD, to_signs
 from fedexp.algorithms.topk import TopK, top_fraction
-from fedexp.core.algorithm import BuildContext, flat_params
-from fedexp.core.client_store import ClientStore
+from fedexp.core.algorithm import flat_params
 from fedexp.core.messages import Signs, SparseDelta
 from fedexp.core.types import ClientResult, RoundContext, ServerState, Weights
-from fedexp.models.mlp import mlp
+from handworld import mlp_ctx
 
-CLIENT = OmegaConf.create(
-    {
-        "local_epochs": 1,
-        "batch_size": 4,
-        "optimizer": "sgd",
-        "lr": 0.1,
-        "momentum": 0.0,
-        "weight_decay": 0.0,
-    }
-)
-
-
-def make_ctx(aggregator=weighted_mean) -> BuildContext:
-    return BuildContext(
-        model_factory=partial(mlp, input_shape=(4,), num_classes=3, hidden=(5,)),
-        client_cfg=CLIENT,
-        aggregator=partial(aggregator),
-        data=None,
-        device=torch.device("cpu"),
-        seed=0,
-        store=ClientStore(),
-    )
+make_ctx = mlp_ctx
 
 
 def test_signs_map_zero_to_plus_one():

@@ -2,47 +2,20 @@
 
 from __future__ import annotations
 
-from functools import partial
-
 import torch
-from omegaconf import OmegaConf
 
-from fedexp.aggregators.mean import weighted_mean
 from fedexp.aggregators.rank_vote import rank_vote
 from fedexp.aggregators.sign_vote import sign_vote
 from fedexp.algorithms.fedavg import FedAvg
 from fedexp.algorithms.frl import FRL
 from fedexp.algorithms.signsgd import SignSGD
 from fedexp.algorithms.topk import TopK
-from fedexp.core.algorithm import BuildContext
-from fedexp.core.client_store import ClientStore
 from fedexp.core.messages import Ranking, Signs, SparseDelta
 from fedexp.core.types import RoundContext
 from fedexp.metrics.comm import index_bits, permutation_bits
-from fedexp.models.mlp import mlp
+from handworld import mlp_ctx
 
-CLIENT = OmegaConf.create(
-    {
-        "local_epochs": 1,
-        "batch_size": 4,
-        "optimizer": "sgd",
-        "lr": 0.1,
-        "momentum": 0.0,
-        "weight_decay": 0.0,
-    }
-)
-
-
-def make_ctx(aggregator=weighted_mean) -> BuildContext:
-    return BuildContext(
-        model_factory=partial(mlp, input_shape=(4,), num_classes=3, hidden=(5,)),
-        client_cfg=CLIENT,
-        aggregator=partial(aggregator),
-        data=None,
-        device=torch.device("cpu"),
-        seed=0,
-        store=ClientStore(),
-    )
+make_ctx = mlp_ctx
 
 
 def one_exchange(algorithm) -> tuple[int, int]:

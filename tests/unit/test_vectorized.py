@@ -35,15 +35,6 @@ TINY = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models on a shared 2-core box: a second intra-op thread only spins."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def experiment(tmp_path, *overrides: str) -> Experiment:
     with initialize_config_dir(config_dir=find_conf(), version_base="1.3"):
         cfg = compose("config", overrides=[*TINY, f"paths.cache_dir={tmp_path}", *overrides])
