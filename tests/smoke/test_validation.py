@@ -12,7 +12,6 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import write_sent140_csv
-
 from fedexp.core.types import ConfigError
 from fedexp.core.validation import config_rule, validate_config, with_checks
 
