@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -44,6 +45,20 @@ def summaries(root: Path) -> list[dict]:
 
 def run_dirs(root: Path) -> list[Path]:
     return sorted(p.parent for p in root.rglob("summary.json"))
+
+
+def write_sent140_csv(root: Path, users: int = 8, per_user: int = 6) -> Path:
+    """A tiny Sentiment140 CSV (the original file's name and columns) under root; returns root."""
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / "training.1600000.processed.noemoticon.csv", "w", encoding="latin-1") as fh:
+        writer = csv.writer(fh, quoting=csv.QUOTE_ALL)
+        for user in range(users):
+            for i in range(per_user):
+                label = (user + i) % 2
+                words = "great happy" if label else "awful sad"
+                text = f"@friend{user} so {words} today #{i} café"
+                writer.writerow([4 * label, i, "Mon Apr 06 2009", "NO_QUERY", f"u{user}", text])
+    return root
 
 
 @pytest.fixture

@@ -106,6 +106,10 @@ def execute(
 
     try:
         experiment = Experiment(cfg, run_dir, resume=resume)
+        loggers = [
+            instantiate_logger(node, run_dir, f"logger.{key}")
+            for key, node in (cfg.logger or {}).items()
+        ]
     except ConfigError as err:
         print(f"fedexp: error: {err}", file=sys.stderr)
         logging.shutdown()
@@ -115,7 +119,6 @@ def execute(
     from fedexp.core.distributed import is_output_rank
 
     output_rank = is_output_rank()  # under torchrun only rank 0 logs and prints
-    loggers = [instantiate_logger(c, run_dir) for c in (cfg.logger or {}).values()]
     loggers = loggers if output_rank else []
     name = f"{choices.get('algorithm')}-{choices.get('dataset')}-s{cfg.seed}"
     for logger in loggers:
@@ -184,10 +187,10 @@ def _resume_requested(args: list[str]) -> bool:
     )
 
 
-def instantiate_logger(node, run_dir: Path):
+def instantiate_logger(node, run_dir: Path, name: str = "logger"):
     from fedexp.core.config import build
 
-    return build(node, run_dir=run_dir)
+    return build(node, name, run_dir=run_dir)
 
 
 def main() -> None:
@@ -197,6 +200,13 @@ def main() -> None:
     if _resume_requested(sys.argv[1:]):
         resume_main(sys.argv[1:])
     else:
+        from fedexp.core.config import add_target_keys
+
+        try:  # `algorithm.k=...` missing from the YAML: build() checks it against the target
+            sys.argv = [sys.argv[0], *add_target_keys(sys.argv[1:], find_conf())]
+        except ConfigError as err:
+            print(f"fedexp: error: {err}", file=sys.stderr)
+            sys.exit(EXIT_CONFIG)
         app()
 
 

@@ -90,7 +90,7 @@ def resolve_device(name: str) -> torch.device:
 
 
 def build_data(cfg: DictConfig, device: torch.device) -> FederatedData:
-    dataset = build(cfg.dataset, seed=cfg.seed, num_clients=cfg.num_clients)
+    dataset = build(cfg.dataset, "dataset", seed=cfg.seed, num_clients=cfg.num_clients)
     # an algorithm that needs unlabelled server-side data (FedHeNN's RAD) declares `server_pool`
     dataset = reserve_server_pool(dataset, int(cfg.algorithm.get("server_pool", 0) or 0), cfg.seed)
     part = OmegaConf.to_container(cfg.partition, resolve=True)
@@ -152,7 +152,7 @@ class Experiment:
         torch.manual_seed(cfg.seed)
         self.data = build_data(cfg, self.device)
         validate_data(cfg, self.data)  # checks that need data facts (input shape, classes)
-        factory = build(cfg.model)
+        factory = build(cfg.model, "model")
         # a model factory takes (input_shape, num_classes, **dataset.model_kwargs); a model
         # *family* (heterogeneous clients) also takes `arch` in range(model.num_archs)
         model_args = dict(
@@ -165,21 +165,21 @@ class Experiment:
         ctx = BuildContext(
             model_factory=model_factory,
             client_cfg=cfg.client,
-            aggregator=build(cfg.aggregator),
+            aggregator=build(cfg.aggregator, "aggregator"),
             data=self.data,
             device=self.device,
             seed=cfg.seed,
             store=self.store,
             model_args=model_args,
         )
-        self.algorithm = build(cfg.algorithm, ctx=ctx)
+        self.algorithm = build(cfg.algorithm, "algorithm", ctx=ctx)
         check_aggregator(ctx.aggregator, self.algorithm)
-        self.attack = build(cfg.attack)
+        self.attack = build(cfg.attack, "attack")
         self.attack.check_target(self.algorithm)
         self.attack.setup(ctx, cfg.num_clients)
-        self.executor = build(cfg.executor)
+        self.executor = build(cfg.executor, "executor")
         # audits and other end-of-evaluation hooks (privacy=mia, ...)
-        self.callbacks = [build(cfg.privacy, ctx=ctx)] if cfg.get("privacy") else []
+        self.callbacks = [build(cfg.privacy, "privacy", ctx=ctx)] if cfg.get("privacy") else []
 
     def write_partition_stats(self, loggers: list = ()) -> Path:
         """partition_stats.csv (returned) and the label-distribution PNG (logged here)."""

@@ -11,8 +11,12 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from conftest import write_sent140_csv
 from fedexp.core.types import ConfigError
 from fedexp.core.validation import config_rule, validate_config, with_checks
+
+# stands for `dataset.data_dir=<a generated Sent140 CSV>` (written by `with_sent140`)
+SENT140 = "dataset.data_dir=<sent140>"
 
 # (overrides, a substring of the one-line message)
 BAD_CONFIGS: list[tuple[tuple[str, ...], str]] = [
@@ -28,6 +32,31 @@ BAD_CONFIGS: list[tuple[tuple[str, ...], str]] = [
     (("algorithm._target_=fedexp.algorithms.nope.Nope",), "algorithm._target_: cannot import"),
     (("checkpoint_every=-1",), "checkpoint_every: must be an integer >= 0"),
     (("objective=accuracy",), "objective: must be a metric name"),
+    # cross-component incompatibilities (issue 8)
+    (("algorithm=frl", "aggregator=mean"), "aggregator: FRL uploads rankings and needs"),
+    (("algorithm=frl", "aggregator=trimmed_mean"), "needs aggregator=rank_vote, got trimmed_mean"),
+    (("aggregator=rank_vote",), "aggregator: rank_vote aggregates FRL rankings; FedAvg uploads"),
+    (("algorithm=fedhenn", "model=cnn_family"), "model: algorithm.variant=homogeneous needs one"),
+    (("attack=rank_reversal",), "attack: rank_reversal cannot target FedAvg"),
+    (("algorithm=signsgd", "attack=scaling"), "attack: scaling cannot target SignSGD"),
+    (("algorithm=frl", "attack=sign_flip"), "attack: sign_flip cannot target FRL"),
+    (("model=lstm",), "model: lstm needs a text dataset"),
+    (("dataset=sent140", SENT140, "model=cnn"), "model: fedexp.models.cnn.cnn needs image inputs"),
+    (("algorithm=waffle", "dataset=sent140", SENT140), "model: WAFFLe factorises linear and conv"),
+    (("attack=sign_flip", "attack.fraction=1.5"), "attack.fraction: must be in [0, 1), got 1.5"),
+    (("attack.fraction=0.3",), "attack.fraction: 0.3 with attack=none"),
+    # keys the target does not take: one line naming the group and the options
+    (("algorithm.k=0.5",), "algorithm.k: not an option of fedexp.algorithms.fedavg.FedAvg;"),
+    (("algorithm=fedprox", "algorithm.muu=1"), "algorithm.muu: not an option of"),
+    (("+algorithm.muu=1", "algorithm=fedrep"), "algorithm.muu: not an option of"),
+    (
+        ("algorithm=fedhenn", "algorithm.variant=heterogeneous", "algorithm.bogus=1"),
+        "algorithm.bogus: not an option of fedexp.algorithms.fedhenn.fedhenn",
+    ),
+    (("model.depth=3",), "model.depth: not an option of fedexp.models.mlp.mlp; options: hidden"),
+    (("dataset.foo=1",), "dataset.foo: not an option of fedexp.data.datasets.load_digits"),
+    (("attack=scaling", "attack.factr=2"), "attack.factr: not an option of"),
+    (("client.lrr=0.1",), "client.lrr: no such key in the config"),
 ]
 
 
@@ -47,10 +76,19 @@ def cli_in_process(tmp_path, monkeypatch, capsys, *overrides) -> tuple[int, str]
     return code, capsys.readouterr().err
 
 
+def with_sent140(overrides: tuple[str, ...], root: Path) -> tuple[str, ...]:
+    """`overrides` with SENT140 replaced by a Sent140 CSV written under root."""
+    if SENT140 not in overrides:
+        return overrides
+    data = write_sent140_csv(root / "sent140")
+    return tuple(f"dataset.data_dir={data}" if o == SENT140 else o for o in overrides)
+
+
 @pytest.mark.parametrize(("overrides", "expected"), BAD_CONFIGS)
 def test_bad_config_is_one_line_exit_2_and_no_run_dir(
     tmp_path, monkeypatch, capsys, overrides, expected
 ):
+    overrides = with_sent140(overrides, tmp_path)
     code, err = cli_in_process(tmp_path, monkeypatch, capsys, *overrides)
     assert code == 2, err
     lines = [line for line in err.splitlines() if line.strip()]
@@ -64,6 +102,7 @@ def test_bad_config_is_one_line_exit_2_and_no_run_dir(
 def test_the_same_through_a_real_process(tmp_path, overrides, expected):
     env = dict(os.environ, FEDEXP_CACHE_DIR=str(tmp_path / "c"), OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2] / "src")
+    overrides = with_sent140(overrides, tmp_path)
     proc = subprocess.run(
         [sys.executable, "-m", "fedexp", "debug=smoke", *overrides],
         cwd=tmp_path,

@@ -17,6 +17,7 @@ The RAD is re-drawn each round from `server_pool` training samples that no clien
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
@@ -65,7 +66,7 @@ def fedhenn(
     rad_size: int = 100,
     rad_source: str = "holdout",
     kernel_weighting: str = "uniform",
-    default_family: str = "cnn_family",
+    default_family: str = "auto",
     server_pool: int = 0,  # consumed by fedexp.run before the partition; checked via the data
     **fedavg_kwargs,
 ) -> Algorithm:
@@ -91,6 +92,7 @@ def fedhenn(
                 f"family of {num_archs}; use e.g. model=cnn or algorithm.variant=heterogeneous"
             )
         return FedHeNNHomogeneous(ctx, opts, **fedavg_kwargs)
+    inspect.signature(FedAvg).bind_partial(ctx, **fedavg_kwargs)  # unused here; typos refused
     if num_archs is None:  # one architecture chosen: draw clients' models from the default family
         ctx = replace(ctx, model_factory=family_factory(default_family, ctx.model_args))
         num_archs = family_size(ctx.model_factory)
@@ -202,10 +204,8 @@ class FedHeNNHeterogeneous(Algorithm):
         uploads = [r for r in results if isinstance(r.upload, AlignmentUpload)]
         if not uploads:
             return state, metrics
-        if self.opts.kernel_weighting == "samples":
-            weights = [float(r.num_samples) for r in uploads]
-        else:
-            weights = [1.0] * len(uploads)
+        by_samples = self.opts.kernel_weighting == "samples"
+        weights = [float(r.num_samples) if by_samples else 1.0 for r in uploads]
         kernel_bar = sum(w * upload_kernel(r.upload, self.opts) for w, r in zip(weights, uploads))
         buffers = dict(state.buffers)
         buffers["kernel"] = kernel_bar / sum(weights)

@@ -160,8 +160,9 @@ class WAFFLe(FedAvg):
         """The configured model with every dense linear/conv layer factorised."""
         model = factorize(self.ctx.model_factory(), self.num_factors).to(self.device)
         layers = factorized_layers(model)
-        if not layers:
-            raise ConfigError("model: WAFFLe needs a model with linear or convolutional layers")
+        if not layers or any(isinstance(m, nn.RNNBase) for m in model.modules()):
+            # a recurrent layer would stay dense and shared: no factor selection to anonymise it
+            raise ConfigError("model: WAFFLe factorises linear and conv layers only (no RNN/LSTM)")
         for layer in layers:  # a sparse prior selection starts at the dense layer's scale
             layer.calibrate_strengths(ibp_prior_pi(self.alpha, layer.num_factors))
         return model

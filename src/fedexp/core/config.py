@@ -2,11 +2,15 @@
 
 Hydra's `instantiate` merges keyword arguments into the config, which rejects non-primitive values
 such as tensors and arrays; `build` resolves the node to plain values and calls the target itself.
+A key the target does not take is a one-line `ConfigError` naming the config group and the
+target's options, not a traceback.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
+import re
 from typing import Any
 
 from hydra.utils import get_object
@@ -14,18 +18,119 @@ from omegaconf import DictConfig, OmegaConf
 
 from fedexp.core.types import ConfigError
 
+_UNEXPECTED = re.compile(r"unexpected keyword argument '([^']+)'")
 
-def build(node: DictConfig | dict, **runtime: Any) -> Any:
-    """Call `node._target_(**node, **runtime)`; with `_partial_: true` return a partial."""
+
+def build(node: DictConfig | dict, name: str | None = None, **runtime: Any) -> Any:
+    """Call `node._target_(**node, **runtime)`; with `_partial_: true` return a partial.
+
+    Args:
+        node: the config node with `_target_` and the target's keyword arguments.
+        name: the config group the node comes from (`algorithm`, `model`, ...), used in errors.
+        **runtime: objects passed as they are (a BuildContext, the seed, the run dir).
+    """
     params = (
         OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
     )
     target_name = params.pop("_target_")
     is_partial = params.pop("_partial_", False)
+    group = name or "_target_"
     try:
         target = get_object(target_name)
     except Exception as err:
-        raise ConfigError(f"_target_: cannot import {target_name!r} ({err})") from None
+        raise ConfigError(f"{group}._target_: cannot import {target_name!r} ({err})") from None
+    options, closed = accepted_options(target)
+    if closed:  # the signature says it all: refuse unknown keys before calling anything
+        for key in params:
+            if key not in options:
+                raise _not_an_option(group, key, target_name, options, runtime)
     if is_partial:
         return functools.partial(target, **params, **runtime)
-    return target(**params, **runtime)
+    try:
+        return target(**params, **runtime)
+    except TypeError as err:
+        # a target taking **kwargs passes them on (FedProx -> FedAvg, fedhenn -> FedHeNN...):
+        # the callee that finally refuses one of the node's keys names it in its TypeError
+        found = _UNEXPECTED.search(str(err))
+        if found is None or found.group(1) not in params:
+            raise
+        raise _not_an_option(group, found.group(1), target_name, options, runtime) from None
+
+
+def accepted_options(target: Any) -> tuple[set[str], bool]:
+    """(keyword names `target` takes, whether that set is complete).
+
+    For a class, the `__init__` chain is followed through `**kwargs` along the MRO (a subclass that
+    passes `**kwargs` to `super().__init__` also takes its parent's keywords). The set is
+    incomplete when a function takes `**kwargs` or the chain ends in `**kwargs`; a `**_`
+    catch-all (a dataset loader ignoring the runtime arguments it does not need) counts as none.
+    """
+    if inspect.isclass(target):
+        inits = [vars(k)["__init__"] for k in target.__mro__ if "__init__" in vars(k)]
+        inits = [f for f in inits if f is not object.__init__]
+    else:
+        inits = [target]
+    names: set[str] = set()
+    for fn in inits:
+        try:
+            params = inspect.signature(fn).parameters.values()
+        except (TypeError, ValueError):  # a builtin without a signature: cannot tell
+            return names, False
+        names |= {
+            p.name
+            for p in params
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"
+        }
+        # `**_` swallows the runtime's extras (a dataset loader's seed, ...) by convention
+        if not any(p.kind is p.VAR_KEYWORD and p.name != "_" for p in params):
+            return names, True
+    return names, not inits
+
+
+def _not_an_option(group: str, key: str, target_name: str, options: set, runtime: dict):
+    shown = sorted(options - set(runtime))
+    return ConfigError(
+        f"{group}.{key}: not an option of {target_name}; options: {', '.join(shown) or 'none'}"
+    )
+
+
+def add_target_keys(args: list[str], conf_dir: str) -> list[str]:
+    """Let `group.key=value` reach `build` when the group's YAML lacks `key`.
+
+    Hydra refuses an override of a key missing from the composed config (a multi-line error
+    asking for `+group.key=value`). For a node with a `_target_`, `build` knows better: the key
+    may be one of the target's options the YAML leaves at its default (then it is used), or
+    not (then a one-line error lists the options). Such overrides get the `+`; any other missing
+    key is a one-line ConfigError here. Multirun and flag arguments are left to Hydra.
+    """
+    if any(a.startswith("-") for a in args):
+        return args
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import ConfigCompositionException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    args, added = list(args), []
+    for _ in range(len(args) + 1):
+        GlobalHydra.instance().clear()
+        try:
+            with initialize_config_dir(conf_dir, version_base="1.3"):
+                cfg = compose("config", overrides=args)
+        except ConfigCompositionException as err:
+            cause = err.__cause__
+            key = str(getattr(cause, "full_key", ""))
+            where = [i for i, a in enumerate(args) if a.partition("=")[0] == key]
+            if not isinstance(cause, (ConfigAttributeError, ConfigKeyError)) or not where:
+                return args  # Hydra reports the rest when it composes again
+            args[where[0]] = "+" + args[where[0]]
+            added.append(key)
+            continue
+        finally:
+            GlobalHydra.instance().clear()
+        for key in added:
+            parent = key.rpartition(".")[0]
+            node = OmegaConf.select(cfg, parent) if parent else None
+            if not isinstance(node, DictConfig) or "_target_" not in node:
+                raise ConfigError(f"{key}: no such key in the config")
+        return args
+    return args

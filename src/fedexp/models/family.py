@@ -38,12 +38,16 @@ def default_family(name: str, data_args: dict) -> Callable:
     """The family `conf/model/<name>.yaml`, bound to the data's model arguments.
 
     Lets a heterogeneous algorithm run on the defaults when the chosen model is one architecture.
+    `auto`: `lstm_family` when the data are token sequences (the dataset gives `vocab_size`),
+    else `cnn_family`.
     """
     from omegaconf import OmegaConf
 
     from fedexp.__main__ import find_conf
     from fedexp.core.config import build
 
+    if name == "auto":
+        name = "lstm_family" if "vocab_size" in data_args else "cnn_family"
     path = Path(find_conf()) / "model" / f"{name}.yaml"
     if not path.exists():
         raise ConfigError(f"algorithm.default_family: no model config {name!r}")
