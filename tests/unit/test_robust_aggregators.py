@@ -79,7 +79,7 @@ def test_rank_vote_three_clients_by_hand():
 
 def test_malicious_count_reads_the_attack_flags():
     results = [
-        ClientResult(0, 5, Weights(torch.zeros(1)), 0.0, 1, {"malicious": 1.0}),
+        ClientResult(0, 5, Weights(torch.zeros(1)), 0.0, 1, malicious=True),
         ClientResult(1, 5, Weights(torch.zeros(1)), 0.0, 1),
     ]
     assert malicious_count(results) == 1
