@@ -22,11 +22,11 @@ install: $(STAMP)  ## create .venv and install fedexp with its dev tools
 run: install  ## run the default experiment (FedAvg on the embedded digits data)
 	$(BIN)/python -m fedexp
 
-test: install  ## the fast test suite (unit, algorithm checks, smoke runs)
-	WANDB_MODE=offline $(BIN)/python -m pytest
+test: install  ## the fast test suite (unit, algorithm checks, smoke runs), on 2 workers
+	WANDB_MODE=offline $(BIN)/python -m pytest -n 2
 
 test-full: install  ## every test, slow ones included
-	WANDB_MODE=offline $(BIN)/python -m pytest -m ''
+	WANDB_MODE=offline $(BIN)/python -m pytest -n 2 -m ''
 
 smoke: install  ## tiny end-to-end runs through the CLI only
 	WANDB_MODE=offline $(BIN)/python -m pytest tests/smoke
