@@ -9,7 +9,8 @@ from fedexp.attacks import NoAttack
 
 
 class SleepEachRound(NoAttack):
-    def __init__(self, seconds: float = 0.2):
+    def __init__(self, seconds: float = 0.2, fraction: float = 0.0):
+        super().__init__(fraction)  # attack=none's YAML carries `fraction: 0`
         self.seconds = seconds
 
     def apply(self, results, ctx):
