@@ -38,6 +38,18 @@ def run_cli(*overrides: str, cwd: Path, multirun: bool = False, check: bool = Tr
     return proc
 
 
+def main_in_process(monkeypatch, capsys, *args: str) -> tuple[int, str]:
+    """`python -m fedexp args...` in this process (fast; no interpreter start): (exit, stderr)."""
+    from fedexp.__main__ import main
+
+    monkeypatch.setattr(sys, "argv", ["fedexp", *args])
+    try:
+        main()
+    except SystemExit as exit_:
+        return exit_.code or 0, capsys.readouterr().err
+    return 0, capsys.readouterr().err
+
+
 def summaries(root: Path) -> list[dict]:
     """Every summary.json under root, in path order."""
     return [json.loads(p.read_text()) for p in sorted(root.rglob("summary.json"))]

@@ -4,10 +4,10 @@ in a multirun the other jobs go on."""
 from __future__ import annotations
 
 import json
-import sys
 
 import torch
 
+from conftest import main_in_process
 from fedexp.core.checkpoint import CHECKPOINT_FILE
 
 # FedAvg on digits with client.lr=10 overflows in round 2 (train/loss ~1e21 after round 1)
@@ -15,18 +15,10 @@ EXPLODES = "client.lr=10"
 
 
 def cli_in_process(tmp_path, monkeypatch, capsys, *args) -> tuple[int, str]:
-    from fedexp.__main__ import main
-
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("FEDEXP_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(sys, "argv", ["fedexp", *args])
     torch.set_num_threads(1)
-    code = 0
-    try:
-        main()
-    except SystemExit as exit_:
-        code = exit_.code or 0
-    return code, capsys.readouterr().err
+    return main_in_process(monkeypatch, capsys, *args)
 
 
 def test_a_diverged_run_keeps_its_last_good_checkpoint_and_exits_3(tmp_path, monkeypatch, capsys):

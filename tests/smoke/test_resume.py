@@ -12,6 +12,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from conftest import main_in_process
 from fedexp.core.checkpoint import CHECKPOINT_FILE
 from fedexp.core.types import ConfigError
 from fedexp.loggers.files import CSVLogger
@@ -101,15 +102,7 @@ def save_hydra_config(cfg, run_dir: Path) -> None:
 
 def cli_main(monkeypatch, capsys, *args: str) -> tuple[int, str]:
     """`python -m fedexp args...` in this process: (exit code, stderr)."""
-    from fedexp.__main__ import main
-
-    monkeypatch.setattr(sys, "argv", ["fedexp", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as exit_:
-        code = exit_.code or 0
-    return code, capsys.readouterr().err
+    return main_in_process(monkeypatch, capsys, *args)
 
 
 def test_resume_on_the_command_line_continues_the_run_in_place(
@@ -164,7 +157,6 @@ def test_a_bad_resume_is_one_line_and_leaves_the_run_dir_alone(
 def test_sigkill_mid_run_then_resume_gives_the_same_final_metrics(cli, lifecycle):
     import os
     import subprocess
-    import sys
     import time
 
     overrides = ["debug=smoke", "rounds=8", "eval_every=1", "checkpoint_every=3", "seed=3"]

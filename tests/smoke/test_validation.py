@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import write_sent140_csv
+from conftest import main_in_process, write_sent140_csv
 from fedexp.core.types import ConfigError
 from fedexp.core.validation import config_rule, validate_config, with_checks
 
@@ -62,18 +62,10 @@ BAD_CONFIGS: list[tuple[tuple[str, ...], str]] = [
 
 def cli_in_process(tmp_path, monkeypatch, capsys, *overrides) -> tuple[int, str]:
     """`python -m fedexp debug=smoke overrides...` in this process: (exit code, stderr)."""
-    from fedexp.__main__ import main
-
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("FEDEXP_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("FEDEXP_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.setattr(sys, "argv", ["fedexp", "debug=smoke", *overrides])
-    code = 0
-    try:
-        main()
-    except SystemExit as exit_:
-        code = exit_.code or 0
-    return code, capsys.readouterr().err
+    return main_in_process(monkeypatch, capsys, "debug=smoke", *overrides)
 
 
 def with_sent140(overrides: tuple[str, ...], root: Path) -> tuple[str, ...]:
