@@ -162,17 +162,15 @@ class FedHeNNHeterogeneous(Algorithm):
             for a in range(num_archs)
         ]
         self.archs = [client_arch(ctx.seed, cid, num_archs) for cid in range(ctx.data.num_clients)]
-        self._initial: dict[int, torch.Tensor] = {}  # cache; a function of (seed, client id)
 
     # ---- client models -------------------------------------------------------------------------
     def initial_params(self, client_id: int) -> torch.Tensor:
-        """The client's freshly initialised model, the same whenever it is asked for."""
-        if client_id not in self._initial:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(derive_seed(self.ctx.seed, INIT, client_id))
-                model = self.ctx.model_factory(arch=self.archs[client_id])
-            self._initial[client_id] = flat_params(list(model.parameters())).to(self.device)
-        return self._initial[client_id]
+        """The client's freshly initialised model, rebuilt from (seed, client id) when asked for;
+        not cached, so memory stays within the client store's budget."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(self.ctx.seed, INIT, client_id))
+            model = self.ctx.model_factory(arch=self.archs[client_id])
+        return flat_params(list(model.parameters())).to(self.device)
 
     def client_params(self, client_id: int) -> torch.Tensor:
         stored = self.store.get(client_id)
@@ -222,7 +220,6 @@ class FedHeNNHeterogeneous(Algorithm):
 
     def client_end(self, module: AlignModule, client_id: int, payload: AlignPayload) -> Message:
         self.store.put(client_id, flat_params(list(module.model.parameters())))
-        self._initial.pop(client_id, None)
         if payload.probe is None:
             return Nothing()
         return upload_of(module.model, payload.probe, self.opts)
