@@ -237,10 +237,16 @@ def plot_vs_round(groups, path: Path, metrics: dict[str, str], ylabel: str, hlin
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    return _save(plt, fig, path, True)
+
+
+def _save(plt, fig, path: Path, drawn: bool) -> bool:
+    """Write the figure when something was drawn; always free it."""
+    if drawn:
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
     plt.close(fig)
-    return True
+    return drawn
 
 
 def plot_acc_vs_comm(groups, path: Path) -> bool:
@@ -267,10 +273,7 @@ def plot_acc_vs_comm(groups, path: Path) -> bool:
         ax.set(xlabel="cumulative communication, up + down (MB)", ylabel="accuracy")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return drawn
+    return _save(plt, fig, path, drawn)
 
 
 def plot_client_boxes(groups, path: Path) -> bool:
@@ -302,10 +305,7 @@ def plot_client_boxes(groups, path: Path) -> bool:
         ax.set_xticks(range(1, len(names) + 1), names, rotation=20, ha="right", fontsize=8)
         ax.set(ylabel="client test accuracy", title=f"{kind} model, per client")
         ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+    return _save(plt, fig, path, True)
 
 
 # ---- the report ----------------------------------------------------------------------------------

@@ -59,6 +59,20 @@ def unique_token_ids(ds, rows: np.ndarray) -> list[int]:
     return ds.train_x[rows, 1].tolist()
 
 
+def natural_prepared(ds, num_clients: int, params: dict | None = None, test_fraction=0.0):
+    """One client per user, then the loader's post-partition step (vocabulary, encoding)."""
+    part = partition_dataset(
+        ds.train_y.numpy(),
+        num_clients,
+        "natural",
+        0,
+        params or {},
+        client_ids=ds.train_client_ids,
+        test_fraction=test_fraction,
+    )
+    return ds.prepare(ds, part), part
+
+
 def test_tokenize_like_leaf():
     assert tokenize("Hello, World! it's 2 GOOD;ok?") == [
         "hello",
@@ -89,16 +103,7 @@ def test_csv_loader_and_the_vocabulary_sees_only_training_clients(tmp_path):
     assert ds.train_client_ids.tolist() == [0] * 5 + [1] * 4 + [2] * 6 + [3] + [4] * 3
     assert ds.num_classes == 2 and ds.input_shape == (25,)
     # users 0, 1, 2 and 4 have >= 2 tweets; max_clients=3 keeps a seeded 3 of them
-    part = partition_dataset(
-        ds.train_y.numpy(),
-        3,
-        "natural",
-        0,
-        {"min_samples": 2, "max_clients": 3},
-        client_ids=ds.train_client_ids,
-        test_fraction=0.34,
-    )
-    ds = ds.prepare(ds, part)
+    ds, part = natural_prepared(ds, 3, {"min_samples": 2, "max_clients": 3}, test_fraction=0.34)
     train_rows, test_rows = np.concatenate(part.train), np.concatenate(part.test)
     used = set(train_rows) | set(test_rows)
     assert ds.train_x.shape == (19, 25) and ds.train_x.dtype == torch.long
@@ -120,16 +125,7 @@ def test_leaf_json_test_files_are_the_pooled_test_set_and_never_fit(tmp_path):
     write_leaf_sent140(tmp_path, train=[4, 3, 5], test=[2, 2, 1])
     ds = load_sent140(str(tmp_path))
     assert len(ds.train_y) == 12 and len(ds.test_y) == 5
-    part = partition_dataset(
-        ds.train_y.numpy(),
-        3,
-        "natural",
-        0,
-        {"min_samples": 2},
-        client_ids=ds.train_client_ids,
-        test_fraction=0.0,
-    )
-    ds = ds.prepare(ds, part)
+    ds, part = natural_prepared(ds, 3, {"min_samples": 2})
     assert ds.model_kwargs["vocab_size"] == 2 + len(COMMON) + 12
     assert ds.test_x.shape == (5, 25)
     assert ds.test_x[:, 1].tolist() == [UNK] * 5  # test-file words never enter the vocabulary
@@ -141,16 +137,7 @@ def test_glove_file_gives_frozen_pretrained_vectors(tmp_path):
     glove = tmp_path / "glove.txt"
     glove.write_text("tweet 1 2 3\nfine 4 5 6\nu0x1 7 8 9\nabsent 0 0 1\n")
     ds = load_sent140(str(tmp_path / "data"), glove_path=str(glove))
-    part = partition_dataset(
-        ds.train_y.numpy(),
-        2,
-        "natural",
-        0,
-        {},
-        client_ids=ds.train_client_ids,
-        test_fraction=0.0,
-    )
-    ds = ds.prepare(ds, part)
+    ds, part = natural_prepared(ds, 2)
     table = ds.model_kwargs["pretrained_embeddings"]
     # vocabulary = training words GloVe has, by frequency: tweet, fine (6 each), u0x1 (1)
     assert ds.model_kwargs["vocab_size"] == 5 and table.shape == (5, 3)
@@ -188,16 +175,7 @@ def test_server_pool_rows_are_encoded_but_never_fit(tmp_path):
 
     write_sentiment140_csv(tmp_path / "train.csv", [4, 4, 4])
     ds = reserve_server_pool(load_sent140(str(tmp_path)), 3, seed=0)
-    part = partition_dataset(
-        ds.train_y.numpy(),
-        3,
-        "natural",
-        0,
-        {},
-        client_ids=ds.train_client_ids,
-        test_fraction=0.0,
-    )
-    ds = ds.prepare(ds, part)
+    ds, part = natural_prepared(ds, 3)
     assert ds.server_x.shape == (3, 25) and len(ds.train_y) == 9
     assert ds.model_kwargs["vocab_size"] == 2 + len(COMMON) + 9
     assert ds.server_x[:, 1].tolist() == [UNK] * 3  # the pool's own words are not fitted
