@@ -56,6 +56,9 @@ def print_table(summary: dict, choices: dict) -> None:
         if key in metrics and metrics[key] is not None:
             v = metrics[key]
             table.add_row(key, f"{v:.4f}" if isinstance(v, float) else f"{v:,}")
+    objective = summary.get("objective") or {}
+    if objective.get("value") is not None:
+        table.add_row(f"objective: {objective['name']}", f"{objective['value']:.4f}")
     table.add_row("rounds", str(summary["rounds_completed"]))
     table.add_row("wall time (s)", f"{summary['timing']['wall_time_s']:.1f}")
     Console().print(table)
@@ -145,10 +148,10 @@ def execute(
         if not multirun:
             sys.exit(EXIT_DIVERGED)
         return None  # a sweeper records a failed trial and goes on with the other jobs
-    objective = summary["metrics"].get(cfg.get("objective", "eval/global/acc"))
+    objective = summary["objective"]["value"]
     if objective is None:
         logging.getLogger(__name__).warning(
-            "objective %s is not among the final metrics", cfg.get("objective")
+            "objective %s is not among the final metrics", summary["objective"]["name"]
         )
     return objective
 

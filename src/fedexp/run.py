@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import time
 from functools import partial
@@ -14,7 +15,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from fedexp.aggregators import check_aggregator
-from fedexp.core.algorithm import BuildContext
+from fedexp.core.algorithm import Algorithm, BuildContext
 from fedexp.core.checkpoint import (
     CHECKPOINT_FILE,
     Checkpointer,
@@ -71,6 +72,16 @@ def validate(cfg: DictConfig) -> None:
             "must be in [0, 1)",
         ),
         (
+            0 <= cfg.partition.get("val_fraction", 0.0) < 1,
+            "partition.val_fraction",
+            "must be in [0, 1)",
+        ),
+        (
+            cfg.partition.get("test_fraction", 0.2) + cfg.partition.get("val_fraction", 0.0) < 1,
+            "partition.val_fraction",
+            "test_fraction + val_fraction must be < 1 (clients need training data)",
+        ),
+        (
             cfg.device in ("auto", "cpu", "cuda"),
             "device",
             f"must be auto, cpu or cuda, got {cfg.device!r}",
@@ -83,6 +94,55 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("device: cuda requested but no CUDA device is available")
 
 
+# every metric name a run can return to a sweeper (`objective`); the eval/ ones exist only for
+# algorithms with that kind of model, the eval/val/ ones only with a validation split
+OBJECTIVE_PATTERNS = (
+    r"train/loss",
+    r"eval/(val/)?global/acc",
+    r"eval/(val/)?global/client_acc_(mean|std|var|min|p10|max)",
+    r"eval/(val/)?personal/acc_(mean|std|var|min|p10|max)",
+    r"eval/group/gap",
+    r"eval/group/[A-Za-z0-9_]+/acc_mean",
+    r"privacy/[A-Za-z0-9_@%.]+",
+    r"comm/(up|down)_bits(_total)?",
+    r"attack/[a-z_]+",
+)
+
+
+def check_objective_name(name) -> None:
+    """`auto` or the name of a metric fedexp reports (checked before anything is built)."""
+    if name == "auto":
+        return
+    if not isinstance(name, str) or not any(re.fullmatch(p, name) for p in OBJECTIVE_PATTERNS):
+        raise ConfigError(
+            f"objective: {name!r} is not a metric fedexp reports; e.g. auto, "
+            "eval/val/global/acc, eval/val/personal/acc_mean, eval/global/acc, train/loss"
+        )
+
+
+def resolve_objective(name: str, algorithm, has_val: bool) -> str:
+    """The metric a run returns to a sweeper; `auto`: the validation metric that fits the
+    algorithm (personal mean accuracy where clients have their own models, else the global
+    model's accuracy), or its test counterpart when `partition.val_fraction=0`."""
+    personal = type(algorithm).personal_model is not Algorithm.personal_model
+    has_global = getattr(algorithm, "has_global_model", True) and (
+        type(algorithm).global_model is not Algorithm.global_model
+    )
+    if name == "auto":
+        base = "personal/acc_mean" if personal else "global/acc"
+        return f"eval/val/{base}" if has_val else f"eval/{base}"
+    check_objective_name(name)
+    if name.startswith("eval/val/") and not has_val:
+        raise ConfigError(
+            f"objective: {name} needs a validation split; set partition.val_fraction > 0"
+        )
+    if "/personal/" in name and not personal:
+        raise ConfigError(f"objective: {name}: this algorithm has no personal models")
+    if "/global/" in name and not has_global:
+        raise ConfigError(f"objective: {name}: this algorithm has no global model")
+    return name
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -91,11 +151,14 @@ def resolve_device(name: str) -> torch.device:
 
 def build_data(cfg: DictConfig, device: torch.device) -> FederatedData:
     dataset = build(cfg.dataset, "dataset", seed=cfg.seed, num_clients=cfg.num_clients)
-    # an algorithm that needs unlabelled server-side data (FedHeNN's RAD) declares `server_pool`
+    # an algorithm that needs a server-held pool apart from the clients (FedHeNN's
+    # rad_source=holdout) declares `server_pool`
     dataset = reserve_server_pool(dataset, int(cfg.algorithm.get("server_pool", 0) or 0), cfg.seed)
     part = OmegaConf.to_container(cfg.partition, resolve=True)
     scheme = part.pop("name")
     test_fraction = part.pop("test_fraction", 0.2)
+    val_fraction = part.pop("val_fraction", 0.0)
+    allow_missing = bool(part.pop("allow_missing_classes", False))
     labels = dataset.train_y.numpy()
     if scheme == "shards":
         part.setdefault("num_classes", dataset.num_classes)
@@ -107,12 +170,60 @@ def build_data(cfg: DictConfig, device: torch.device) -> FederatedData:
         part,
         client_ids=dataset.train_client_ids,
         test_fraction=test_fraction,
+        val_fraction=val_fraction,
         cache_dir=cfg.paths.cache_dir,
         cache_key={"dataset": OmegaConf.to_container(cfg.dataset, resolve=True)},
     )
+    coverage = partition_coverage(dataset, partition)
+    log.info(
+        "partition: the clients hold %d of %d classes and %.1f%% of the %d training samples",
+        len(coverage["classes"]),
+        dataset.num_classes,
+        100 * coverage["train_fraction_used"],
+        len(labels),
+    )
+    if coverage["missing_test_classes"] and not allow_missing:
+        missing = coverage["missing_test_classes"]
+        shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
+        raise ConfigError(
+            f"partition: {len(missing)} classes of the pooled test set are held by no client "
+            f"({shown}), so global accuracy cannot exceed "
+            f"{coverage['test_accuracy_ceiling']:.2f}; use more clients or classes per client, "
+            "or set partition.allow_missing_classes=true"
+        )
     if dataset.prepare is not None:  # e.g. a vocabulary fitted on the clients' train splits only
         dataset = dataset.prepare(dataset, partition)
-    return FederatedData(dataset, partition, device)
+    data = FederatedData(dataset, partition, device)
+    data.coverage = {
+        "data/classes_used": len(coverage["classes"]),
+        "data/train_fraction_used": coverage["train_fraction_used"],
+    }
+    return data
+
+
+def partition_coverage(dataset, partition) -> dict[str, Any]:
+    """Which classes the clients' local training splits hold, and how much of the pool is used.
+
+    `missing_test_classes`: classes of the pooled test set (or, without one, of the clients'
+    local test splits) that no client trains on; `test_accuracy_ceiling`: the share of the
+    pooled test set in the classes that some client holds.
+    """
+    labels = dataset.train_y.numpy()
+    held = np.unique(np.concatenate([labels[t] for t in partition.train]))
+    used = sum(len(t) for t in partition.train)
+    if dataset.test_y is not None:
+        test_labels = dataset.test_y.numpy()
+    else:
+        test_labels = labels[np.concatenate(partition.test)] if partition.test else labels[:0]
+    in_test, counts = np.unique(test_labels, return_counts=True)
+    missing = np.setdiff1d(in_test, held)
+    covered = counts[np.isin(in_test, held)].sum()
+    return {
+        "classes": held.tolist(),
+        "train_fraction_used": used / max(len(labels), 1),
+        "missing_test_classes": missing.tolist(),
+        "test_accuracy_ceiling": float(covered / max(counts.sum(), 1)),
+    }
 
 
 def reserve_server_pool(dataset, size: int, seed: int):
@@ -174,6 +285,9 @@ class Experiment:
         )
         self.algorithm = build(cfg.algorithm, "algorithm", ctx=ctx)
         check_aggregator(ctx.aggregator, self.algorithm)
+        self.objective = resolve_objective(
+            str(cfg.get("objective", "auto")), self.algorithm, self.data.has_val
+        )
         self.attack = build(cfg.attack, "attack")
         self.attack.check_target(self.algorithm)
         self.attack.setup(ctx, cfg.num_clients)
@@ -261,6 +375,7 @@ class Experiment:
                 log.warning("%s; resume with: python -m fedexp resume=%s", err, self.run_dir)
         wall = time.perf_counter() - start
         final = {k: v for k, v in orch.last_eval.items() if not k.startswith("time/")}
+        final.update(self.data.coverage)
         summary = {
             "status": status,
             "rounds_completed": orch.round if status != "diverged" else (diverged_round or 1) - 1,
@@ -269,6 +384,8 @@ class Experiment:
             "checkpoint_round": checkpointer.saved_round,
             "resumed_from_round": start_round - 1 if self.checkpoint is not None else None,
             "metrics": final,
+            # the metric returned to a sweeper, with the test metrics of the same round
+            "objective": {"name": self.objective, "value": final.get(self.objective)},
             "client_acc": orch.client_accs,
             "describe": {**self.algorithm.describe(), **self.attack.describe()},
             "timing": {

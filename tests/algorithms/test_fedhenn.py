@@ -18,6 +18,7 @@ from fedexp.algorithms.fedhenn_alignment import (
     AlignModule,
     AlignPayload,
     Rad,
+    draw_rad,
 )
 from fedexp.core.algorithm import flat_params
 from fedexp.core.client import ClientModule
@@ -79,7 +80,7 @@ def test_eta_schedules_by_hand():
 
 
 def test_eta0_homogeneous_is_fedavg_exactly_on_the_same_data(tmp_path):
-    # holdout RAD: the server pool is reserved; FedAvg runs on exactly the same client data
+    # the default RAD (rad_source=train) takes nothing from the clients: the same client data
     henn = experiment(tmp_path, "algorithm=fedhenn", "algorithm.eta0=0")
     orch_henn, _ = run(henn)
     ctx = dataclasses.replace(henn.algorithm.ctx, store=ClientStore())
@@ -91,19 +92,28 @@ def test_eta0_homogeneous_is_fedavg_exactly_on_the_same_data(tmp_path):
 
 
 def test_eta0_homogeneous_summary_equals_fedavg_summary(tmp_path):
-    # no pool (noise RAD, server_pool=0): the whole pipeline, config to summary, is FedAvg's
+    # on the defaults the whole pipeline, config to summary, is FedAvg's
     avg = experiment(tmp_path / "a", "algorithm=fedavg").run([])
-    henn = experiment(
-        tmp_path / "h",
-        "algorithm=fedhenn",
-        "algorithm.eta0=0",
-        "algorithm.rad_source=noise",
-        "algorithm.server_pool=0",
-    ).run([])
+    henn = experiment(tmp_path / "h", "algorithm=fedhenn", "algorithm.eta0=0").run([])
     for key, value in avg["metrics"].items():
         if not key.startswith("time/"):
             assert henn["metrics"][key] == value, key
     assert "eval/personal/acc_mean" in henn["metrics"]
+
+
+def test_rad_is_drawn_from_the_clients_training_inputs(tmp_path):
+    exp = experiment(tmp_path, "algorithm=fedhenn")
+    data, opts = exp.data, exp.algorithm.opts
+    assert opts.rad_source == "train" and data.dataset.server_x is None  # nothing held back
+    pool = data.x[data.train_pool()]
+    rads = [draw_rad(opts, data, 0, t).x for t in (1, 2)]
+    for rad in rads:
+        assert rad.shape == (opts.rad_size, *data.input_shape)
+        # every RAD input is one of the clients' training inputs
+        match = (rad.flatten(1)[:, None, :] == pool.flatten(1)[None, :, :]).all(-1)
+        assert bool(match.any(1).all())
+    assert not torch.equal(rads[0], rads[1])  # re-drawn every round
+    assert torch.equal(draw_rad(opts, data, 0, 1).x, rads[0])  # a function of (seed, round)
 
 
 def test_homogeneous_alignment_changes_training_and_personal_models_are_kept(tmp_path):
@@ -115,9 +125,9 @@ def test_homogeneous_alignment_changes_training_and_personal_models_are_kept(tmp
     assert capture.rounds[-1]["fedhenn/eta"] == pytest.approx(math.sqrt(2))
     trained = set(sample_clients(0, 1, 6, 3)) | set(sample_clients(0, 2, 6, 3))
     assert set(henn.algorithm.store.state_dict()) == trained
-    # down: weights + 100 RAD indices of 32 bits per client; up: weight deltas
+    # down: weights + the 100 RAD inputs (8 x 8 floats each) per client; up: weight deltas
     params = orch.state.params.numel()
-    assert capture.rounds[0]["comm/down_bits"] == 3 * (params * 32 + 100 * 32)
+    assert capture.rounds[0]["comm/down_bits"] == 3 * (params * 32 + 100 * 64 * 32)
     assert capture.rounds[0]["comm/up_bits"] == 3 * params * 32
 
 
@@ -167,16 +177,17 @@ def test_heterogeneous_alignment_starts_in_round_two_and_is_counted(tmp_path):
 
     assert same(1) and same(3) and same(5)  # round 1 has no K_bar yet; 3, 5 never trained
     assert not same(0) and not same(2) and not same(4)  # aligned to K_bar(1) in round 2
-    # round 1: 100 probe indices down; representations (100 x d_j) or kernels (d_j > 100) up
+    # round 1: the 100 probe inputs (8 x 8 floats) down; representations (100 x d_j) or
+    # kernels (d_j > 100) up
     widths = [
-        exp.algorithm.modules[exp.algorithm.archs[c]].model.body(exp.data.server_x[:2]).shape[1]
+        exp.algorithm.modules[exp.algorithm.archs[c]].model.body(exp.data.x[:2]).shape[1]
         for c in round1
     ]
     first, second = capture.rounds
-    assert first["comm/down_bits"] == 3 * 100 * 32
+    assert first["comm/down_bits"] == 3 * 100 * 64 * 32
     assert first["comm/up_bits"] == sum(100 * min(d, 100) * 32 for d in widths)
-    # round 2: RAD + probe indices and the 100 x 100 K_bar
-    assert second["comm/down_bits"] == 3 * (2 * 100 * 32 + 100 * 100 * 32)
+    # round 2: RAD + probe inputs and the 100 x 100 K_bar
+    assert second["comm/down_bits"] == 3 * (2 * 100 * 64 * 32 + 100 * 100 * 32)
 
 
 def test_kernel_bar_is_the_weighted_mean_of_client_kernels(tmp_path):
@@ -250,7 +261,11 @@ def test_message_bits_by_hand():
             "algorithm.default_family",
         ),
         ((*HETERO, "algorithm.distance=procrustes"), "algorithm.distance"),
-        (("algorithm=fedhenn", "algorithm.rad_size=300"), "algorithm.server_pool"),
+        (("algorithm=fedhenn", "algorithm.rad_size=100000"), "algorithm.rad_size"),
+        (
+            ("algorithm=fedhenn", "algorithm.rad_source=holdout", "algorithm.rad_size=300"),
+            "algorithm.server_pool",
+        ),
         (("algorithm=fedhenn", "algorithm.kernel=cosine"), "algorithm.kernel"),
         (("algorithm=fedhenn", "algorithm.eta_schedule=cosine"), "algorithm.eta_schedule"),
         (("algorithm=fedhenn", "algorithm.variant=both"), "algorithm.variant"),

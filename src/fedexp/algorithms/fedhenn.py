@@ -11,8 +11,10 @@ round-(t-1) clients' kernels of the round-t RAD (which those clients received as
 whose representations they uploaded). Round 1 has no K_bar yet and trains without the term.
 With eta = 0 nothing is exchanged: isolated local training.
 
-The RAD is re-drawn each round from `server_pool` training samples that no client holds
-(rad_source=holdout) or from N(0, 1) noise (rad_source=noise).
+The RAD is re-drawn each round as `rad_size` inputs sampled from the pooled training inputs of all
+clients (rad_source=train, the paper's choice; nothing is taken away from any client), or, as
+documented deviations, from `server_pool` samples that no client holds (rad_source=holdout) or
+from N(0, 1) noise (rad_source=noise).
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def fedhenn(
     eta_step_every: int = 50,
     eta_step_gamma: float = 2.0,
     rad_size: int = 100,
-    rad_source: str = "holdout",
+    rad_source: str = "train",
     kernel_weighting: str = "uniform",
     default_family: str = "auto",
     server_pool: int = 0,  # consumed by fedexp.run before the partition; checked via the data

@@ -21,6 +21,7 @@ from fedexp.metrics.cka import KERNELS, cka_distance, kernel_matrix, linear_cka,
 RAD_STREAM = 41  # derive_seed tag of the RAD draws, apart from SAMPLING/CLIENT/INIT
 INDEX_BITS, SEED_BITS = 32, 64
 VARIANTS = ("homogeneous", "heterogeneous")
+RAD_SOURCES = ("train", "holdout", "noise")
 SCHEDULES = ("constant", "linear", "sqrt", "step")
 
 
@@ -74,11 +75,19 @@ class AlignmentOptions:
             f"must be uniform or samples, got {self.kernel_weighting!r}",
         )
         _check(
-            self.rad_source in ("holdout", "noise"),
+            self.rad_source in RAD_SOURCES,
             "rad_source",
-            f"must be holdout or noise, got {self.rad_source!r}",
+            f"must be one of {RAD_SOURCES}, got {self.rad_source!r}",
         )
-        if self.rad_source == "holdout":
+        if self.rad_source == "train":
+            pool = len(data.train_pool())
+            _check(
+                pool >= self.rad_size,
+                "rad_size",
+                f"rad_source=train draws rad_size={self.rad_size} of the clients' {pool} "
+                "training inputs; lower rad_size",
+            )
+        elif self.rad_source == "holdout":
             pool = 0 if data.server_x is None else len(data.server_x)
             _check(
                 pool >= self.rad_size,
@@ -155,12 +164,24 @@ class AlignmentUpload(Message):
 
 
 def draw_rad(opts: AlignmentOptions, data, seed: int, round_idx: int) -> Rad:
-    """Round `round_idx`'s RAD, a function of (seed, round) alone."""
+    """Round `round_idx`'s RAD, a function of (seed, round) alone.
+
+    `train` (the paper's and its authors' code): `rad_size` inputs drawn without replacement
+    from the pooled training inputs of all clients (labels unused, nobody's data removed); the
+    server sends the instances themselves. `holdout`: from a server-held pool that no client
+    trains on (clients are assumed to hold the pool: indices travel). `noise`: N(0, 1) inputs
+    from a shared seed.
+    """
     generator = torch.Generator().manual_seed(derive_seed(seed, RAD_STREAM, round_idx))
     if opts.rad_source == "noise":
         # the clients' inputs are standardised, so N(0, 1) matches their scale
         x = torch.randn((opts.rad_size, *data.input_shape), generator=generator)
         return Rad(x.to(data.x.device), SEED_BITS)
+    if opts.rad_source == "train":
+        pool = data.train_pool()
+        pick = torch.randperm(len(pool), generator=generator)[: opts.rad_size]
+        x = data.x[pool[pick.to(pool.device)]]
+        return Rad(x, x.numel() * FLOAT_BITS)
     pool = data.server_x
     pick = torch.randperm(len(pool), generator=generator)[: opts.rad_size]
     return Rad(pool[pick.to(pool.device)], opts.rad_size * INDEX_BITS)

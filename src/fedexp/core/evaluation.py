@@ -29,14 +29,14 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     return float(hits.float().mean()) if len(hits) else float("nan")
 
 
-def client_accuracies(model: nn.Module, data) -> np.ndarray:
+def client_accuracies(model: nn.Module, data, split: str = "test") -> np.ndarray:
     """One model's accuracy on every client's local test split (NaN where a split is empty).
 
     One batched pass and one host sync instead of one per client (1000 clients, every 10
     rounds, cost more than the training itself on a GPU). Per-client sums of hits are exact,
     so the values equal those of a per-client `accuracy` loop.
     """
-    x, y, owner = data.pooled_local_test()
+    x, y, owner = data.pooled_local(split)
     hits = correct_counts(model, x, y).float()
     n = data.num_clients
     totals = torch.bincount(owner, weights=hits, minlength=n).float()
@@ -72,28 +72,41 @@ def group_metrics(accs: np.ndarray, groups: list[str]) -> dict[str, float]:
 
 
 def evaluate(algorithm: Algorithm, state: ServerState, data) -> tuple[dict, dict]:
-    """Returns (scalar metrics, per-client accuracy lists)."""
+    """Returns (scalar metrics, per-client accuracy lists).
+
+    Test metrics are `eval/global/...` and `eval/personal/...`; where the clients have validation
+    splits the same measures on validation data are `eval/val/global/...` (the pooled validation
+    set is the union of the local validation splits) and `eval/val/personal/...`.
+    """
     metrics: dict[str, float] = {}
     per_client: dict[str, list[float]] = {}
-    clients = range(data.num_clients)
+    splits = ("test", "val") if getattr(data, "has_val", False) else ("test",)
+    prefix = {"test": "eval", "val": "eval/val"}
     model = algorithm.global_model(state)
     if model is not None:
         metrics["eval/global/acc"] = accuracy(model, data.test_x, data.test_y)
-        accs = client_accuracies(model, data)
-        # the global model on each client's split: eval/global/client_acc_mean|std|min|p10|max
-        spread = distribution("eval/global/client", accs)
-        metrics.update({k.replace("client/acc", "client_acc"): v for k, v in spread.items()})
-        per_client["global"] = accs.tolist()
-    personal = []
-    for c in clients:
+        if "val" in splits:
+            metrics["eval/val/global/acc"] = accuracy(model, *data.pooled_val())
+        for split in splits:
+            accs = client_accuracies(model, data, split)
+            # the global model on each client's split: eval/global/client_acc_mean|std|...
+            spread = distribution(f"{prefix[split]}/global/client", accs)
+            metrics.update({k.replace("client/acc", "client_acc"): v for k, v in spread.items()})
+            if split == "test":
+                per_client["global"] = accs.tolist()
+    personal: dict[str, list[float]] = {split: [] for split in splits}
+    for c in range(data.num_clients):
         m = algorithm.personal_model(state, c)
         if m is None:
             break
-        personal.append(accuracy(m, *data.test(c)))
-    if personal:
-        accs = np.array(personal)
-        metrics.update(distribution("eval/personal", accs))
-        per_client["personal"] = accs.tolist()
+        for split in splits:
+            personal[split].append(accuracy(m, *data.local(c, split)))
+    for split in splits:
+        if personal[split]:
+            accs = np.array(personal[split])
+            metrics.update(distribution(f"{prefix[split]}/personal", accs))
+            if split == "test":
+                per_client["personal"] = accs.tolist()
     if data.groups is not None and per_client:
         accs = np.array(per_client.get("personal", per_client.get("global")))
         metrics.update(group_metrics(accs, data.groups))

@@ -150,11 +150,9 @@ def resume_is_given_alone(cfg: DictConfig) -> None:
 
 @config_rule
 def objective_is_a_metric_name(cfg: DictConfig) -> None:
-    objective = cfg.get("objective")
-    if objective is not None and (not isinstance(objective, str) or "/" not in objective):
-        raise ConfigError(
-            f"objective: must be a metric name such as eval/global/acc, got {objective!r}"
-        )
+    from fedexp.run import check_objective_name
+
+    check_objective_name(cfg.get("objective", "auto"))
 
 
 @config_rule

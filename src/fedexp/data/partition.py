@@ -24,6 +24,7 @@ class Partition:
     train: list[np.ndarray]
     test: list[np.ndarray]
     groups: list[str] | None = None
+    val: list[np.ndarray] | None = None  # local validation splits (None: no validation split)
 
     @property
     def num_clients(self) -> int:
@@ -219,18 +220,32 @@ SCHEMES: dict[str, Callable[..., list[np.ndarray] | tuple[list[np.ndarray], list
 
 
 def local_split(
-    parts: list[np.ndarray], test_fraction: float, rng: np.random.Generator
-) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Split each client's indices into local train/test (at least one test sample if any)."""
-    train, test = [], []
+    parts: list[np.ndarray],
+    test_fraction: float,
+    rng: np.random.Generator,
+    val_fraction: float = 0.0,
+) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    """Split each client's indices into local train/validation/test.
+
+    A client with at least two samples keeps at least one test sample (if `test_fraction` > 0);
+    one with at least three keeps at least one validation sample too (if `val_fraction` > 0), and
+    at least one training sample always. The test split is drawn first, from the same permutation,
+    so `val_fraction=0` leaves the train/test split exactly as it was without validation.
+    """
+    train, val, test = [], [], []
     for p in parts:
         perm = rng.permutation(p)
         n_test = int(round(test_fraction * len(p)))
         if test_fraction > 0 and len(p) >= 2:
             n_test = max(1, n_test)
+        n_val = int(round(val_fraction * len(p)))
+        if val_fraction > 0 and len(p) >= 3:
+            n_val = max(1, n_val)
+        n_val = max(0, min(n_val, len(p) - n_test - 1))
         test.append(np.sort(perm[:n_test]))
-        train.append(np.sort(perm[n_test:]))
-    return train, test
+        val.append(np.sort(perm[n_test : n_test + n_val]))
+        train.append(np.sort(perm[n_test + n_val :]))
+    return train, val, test
 
 
 def reduce_clients(
@@ -264,6 +279,7 @@ def partition_dataset(
     params: dict,
     client_ids: np.ndarray | None = None,
     test_fraction: float = 0.2,
+    val_fraction: float = 0.0,
     cache_dir: str | Path | None = None,
     cache_key: dict | None = None,
 ) -> Partition:
@@ -277,6 +293,7 @@ def partition_dataset(
         num_clients=num_clients,
         seed=seed,
         test_fraction=test_fraction,
+        val_fraction=val_fraction,
         n=len(labels),
     )
     path = None
@@ -292,11 +309,11 @@ def partition_dataset(
     parts = SCHEMES[scheme](labels, num_clients, rng, client_ids=client_ids, **params)
     # a scheme with client groups (multimodal) returns (parts, group label per client)
     parts, groups = parts if isinstance(parts, tuple) else (parts, None)
-    train, test = local_split(parts, test_fraction, rng)
+    train, val, test = local_split(parts, test_fraction, rng, val_fraction)
     train = reduce_clients(train, reduce_fraction, reduce_factor, seed)
     if min(len(t) for t in train) == 0:
         raise ConfigError(f"num_clients: {num_clients} clients leave some with no training data")
-    partition = Partition(train, test, groups)
+    partition = Partition(train, test, groups, val if val_fraction > 0 else None)
     if path is not None:
         _save(path, partition)
     return partition
@@ -311,8 +328,10 @@ def _save(path: Path, partition: Partition) -> None:
     tr, tr_off = _pack(partition.train)
     te, te_off = _pack(partition.test)
     tmp = path.with_suffix(".tmp.npz")
-    groups = {} if partition.groups is None else {"groups": np.array(partition.groups)}
-    np.savez(tmp, train=tr, train_off=tr_off, test=te, test_off=te_off, **groups)
+    extra = {} if partition.groups is None else {"groups": np.array(partition.groups)}
+    if partition.val is not None:
+        extra["val"], extra["val_off"] = _pack(partition.val)
+    np.savez(tmp, train=tr, train_off=tr_off, test=te, test_off=te_off, **extra)
     tmp.replace(path)
 
 
@@ -322,8 +341,9 @@ def _load(path: Path) -> Partition:
 
     with np.load(path) as z:
         groups = z["groups"].tolist() if "groups" in z.files else None
+        val = unpack(z["val"], z["val_off"]) if "val" in z.files else None
         return Partition(
-            unpack(z["train"], z["train_off"]), unpack(z["test"], z["test_off"]), groups
+            unpack(z["train"], z["train_off"]), unpack(z["test"], z["test_off"]), groups, val
         )
 
 

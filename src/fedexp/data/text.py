@@ -146,7 +146,7 @@ class Sent140Encoder:
             pretrained = torch.from_numpy(table)
         else:
             vocab = Vocabulary.fit(fit_tokens, self.min_count, self.max_vocab)
-        used = np.concatenate([*partition.train, *partition.test])
+        used = np.concatenate([*partition.train, *(partition.val or []), *partition.test])
         train_x = torch.zeros(len(rows), self.seq_len, dtype=torch.long)
         train_x[used] = vocab.encode((self.train_texts[r] for r in rows[used]), self.seq_len)
 
