@@ -29,6 +29,23 @@ def test_group_sizes_class_sets_and_equal_samples():
     assert len(np.unique(used)) == len(used) == 600  # no sample twice; the rest unused
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_each_group_deals_varied_class_pairs(seed):
+    labels = np.repeat(np.arange(10), 200)
+    parts, groups = multimodal(labels, 300, np.random.default_rng(seed))  # 250 : 50 clients
+    pairs = {"majority": set(), "minority": set()}
+    for part, group in zip(parts, groups):
+        pair = tuple(np.unique(labels[part]).tolist())
+        assert len(pair) == 2  # two distinct classes, never one twice
+        assert set(pair) <= ({1, 3, 5, 7, 9} if group == "majority" else {0, 2, 4, 6, 8})
+        pairs[group].add(pair)
+    # 10 possible pairs per group; a cyclic layout over the group's classes gives 5
+    assert len(pairs["majority"]) >= 8 and len(pairs["minority"]) >= 8
+    assert len({len(p) for p in parts}) == 1
+    used = np.concatenate(parts)
+    assert len(np.unique(used)) == len(used)
+
+
 def test_explicit_class_sets_and_samples_per_client():
     parts, groups = split(
         majority_classes=[0, 1, 2], minority_classes=[7, 8], samples_per_client=20

@@ -19,9 +19,89 @@ def test_shards_give_exactly_z_labels_and_use_each_sample_once(z):
     assert len(flat) == len(np.unique(flat)) == 500  # every sample used exactly once here
 
 
+def class_sets(labels, parts):
+    return [tuple(np.unique(labels[p]).tolist()) for p in parts]
+
+
+# (classes, samples per class, clients, Z, least distinct class sets): McMahan's random deal of
+# 100 clients x 2 of 10 classes gives ~40 of the 45 pairs; Z=5 ~85 of 252 sets; CIFAR-100-sized
+# labels with Z=5 nearly 100 distinct sets. A cyclic layout gives 5, 2 and 20.
+VARIETY = [(10, 60, 100, 2, 30), (10, 60, 100, 5, 40), (100, 10, 100, 5, 95)]
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize(("c", "per_class", "n", "z", "least"), VARIETY)
+def test_shards_deal_varied_class_sets_label_exact(c, per_class, n, z, least, seed):
+    labels = np.random.default_rng(99).permutation(np.repeat(np.arange(c), per_class))
+    parts = shards(labels, n, rng(seed), classes_per_client=z)
+    sets = class_sets(labels, parts)
+    assert len(set(sets)) >= least
+    assert all(len(s) == z for s in sets)  # Z distinct classes, none twice
+    flat = np.concatenate(parts)
+    assert len(flat) == len(np.unique(flat)) == c * per_class  # each sample exactly once
+    owners = np.array([sum(cls in s for s in sets) for cls in range(c)])
+    assert owners.sum() == n * z and owners.max() - owners.min() <= 1  # shards per class
+    for cls in range(c):  # a class's shards differ by at most one sample
+        sizes = [np.sum(labels[p] == cls) for p in parts if cls in labels[p]]
+        assert max(sizes) - min(sizes) <= 1
+
+
+def test_shards_with_fewer_slots_than_classes_use_each_class_at_most_once():
+    labels = np.repeat(np.arange(10), 5)
+    parts = shards(labels, 3, rng(), classes_per_client=2)  # 6 slots over 10 classes
+    sets = class_sets(labels, parts)
+    used = [cls for s in sets for cls in s]
+    assert all(len(s) == 2 for s in sets) and len(used) == len(set(used)) == 6
+    assert sorted(len(p) for p in parts) == [10, 10, 10]  # a whole class per slot
+
+
+def test_shards_are_deterministic_per_seed():
+    a, b, c = (shards(LABELS, 20, rng(s), classes_per_client=2) for s in (5, 5, 6))
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert class_sets(LABELS, a) != class_sets(LABELS, c)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_blind_cut_deals_equal_label_sorted_shards(seed):
+    labels = np.random.default_rng(7).integers(0, 10, 5003)  # uneven classes: shards straddle
+    parts = shards(labels, 100, rng(seed), classes_per_client=2, exact=False)
+    assert {len(p) for p in parts} == {50}  # 200 shards of 5003 // 200 = 25 samples
+    flat = np.concatenate(parts)
+    assert len(np.unique(flat)) == len(flat) == 5000  # the last 3 sorted samples unused
+    assert np.array_equal(np.sort(labels[flat]), np.sort(labels)[:5000])
+    assert len(set(class_sets(labels, parts))) >= 30
+
+
+def test_blind_cut_can_give_a_client_one_class_twice():
+    counts = []
+    for seed in range(10):  # 20 shards of 25 samples, two per class, over 10 clients
+        parts = shards(LABELS, 10, rng(seed), classes_per_client=2, exact=False)
+        assert {len(p) for p in parts} == {50}
+        counts += [len(np.unique(LABELS[p])) for p in parts]
+    assert set(counts) == {1, 2}  # shards never straddle here; some client got one class twice
+
+
 def test_shards_reject_more_classes_than_the_dataset_has():
     with pytest.raises(ConfigError, match="classes_per_client: 11 exceeds"):
         shards(LABELS, 5, rng(), classes_per_client=11)
+
+
+@pytest.mark.parametrize(
+    ("params", "match"),
+    [
+        ({"classes_per_client": 0}, "partition.classes_per_client: must be an integer >= 1"),
+        ({"classes_per_client": 2.5}, "partition.classes_per_client: must be an integer"),
+        ({"exact": "no"}, "partition.exact: must be true or false"),
+    ],
+)
+def test_shards_reject_bad_options(params, match):
+    with pytest.raises(ConfigError, match=match):
+        shards(LABELS, 5, rng(), **params)
+
+
+def test_blind_cut_rejects_empty_shards():
+    with pytest.raises(ConfigError, match="partition.classes_per_client: 600 shards"):
+        shards(LABELS, 300, rng(), classes_per_client=2, exact=False)
 
 
 def test_iid_sizes_differ_by_at_most_one():

@@ -15,6 +15,13 @@ from pathlib import Path
 import numpy as np
 
 from fedexp.core.types import ConfigError
+from fedexp.data.class_deal import blind_shards, deal_classes
+from fedexp.data.partition_cache import digest as _digest
+from fedexp.data.partition_cache import load as _load
+from fedexp.data.partition_cache import save as _save
+
+# bump when a scheme's output for the same inputs changes: older cached partitions are not reused
+PARTITION_VERSION = 2
 
 
 @dataclass
@@ -42,27 +49,34 @@ def shards(
     rng: np.random.Generator,
     classes_per_client: int = 2,
     num_classes: int | None = None,
+    exact: bool = True,
     **_,
 ) -> list[np.ndarray]:
-    """McMahan et al.'s pathological non-iid split, label-exact.
+    """McMahan et al.'s pathological non-iid split.
 
-    The num_clients * Z shards are laid over a random class order so that every client gets Z
-    *distinct* classes and every class is cut into (nearly) equal shards; each sample is used at
-    most once. (Cutting the label-sorted pool blindly, as the original does, can give a client a
-    shard straddling two classes or two shards of one class.)
+    exact=True (default): every client gets Z *distinct* classes drawn by a random, class-balanced
+    deal (`deal_classes`: class sets as varied as McMahan's random deal of shards); each class is
+    cut into as many near-equal shards as it has clients (shard counts per class differ by at
+    most one across classes) and each sample is used at most once. exact=False: the original
+    blind cut of the label-sorted pool into N * Z equal shards dealt at random
+    (`blind_shards`), where a client may get fewer or more than Z classes.
     """
     z = classes_per_client
+    if isinstance(z, bool) or not isinstance(z, int) or z < 1:
+        raise ConfigError(f"partition.classes_per_client: must be an integer >= 1, got {z!r}")
+    if not isinstance(exact, bool):
+        raise ConfigError(f"partition.exact: must be true or false, got {exact!r}")
+    if not exact:
+        return blind_shards(labels, num_clients, z, rng)
     classes = np.unique(labels) if num_classes is None else np.arange(num_classes)
     if z > len(classes):
         raise ConfigError(
             f"partition.classes_per_client: {z} exceeds the dataset's {len(classes)} classes"
         )
-    order = rng.permutation(classes)
-    client_order = rng.permutation(num_clients)
     slots: dict[int, list[int]] = {int(c): [] for c in classes}
-    for pos, client in enumerate(client_order):
-        for j in range(z):
-            slots[int(order[(pos * z + j) % len(classes)])].append(int(client))
+    for client, class_set in enumerate(deal_classes(classes, num_clients, z, rng)):
+        for cls in class_set:
+            slots[int(cls)].append(client)
     parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
     for cls, owners in slots.items():
         if not owners:
@@ -73,7 +87,8 @@ def shards(
                 f"partition.classes_per_client: class {cls} has {len(members)} samples for "
                 f"{len(owners)} shards; use fewer clients or classes per client"
             )
-        for owner, shard in zip(owners, np.array_split(members, len(owners))):
+        # a random owner gets each of the (one sample) larger shards
+        for owner, shard in zip(rng.permutation(owners), np.array_split(members, len(owners))):
             parts[owner].append(shard)
     return [np.sort(np.concatenate(p)) for p in parts]
 
@@ -184,16 +199,15 @@ def multimodal(
         raise ConfigError(f"partition.classes_per_client: {z} exceeds a group's class count")
     is_minority = np.zeros(num_clients, dtype=bool)
     is_minority[rng.choice(num_clients, num_minority, replace=False)] = True
-    # class slots: each group's clients laid over a random order of the group's classes
+    # class slots: within each group, a random class-balanced deal of z distinct classes
     slots: dict[int, list[int]] = {}
     for group_classes, members in (
         (major, np.flatnonzero(~is_minority)),
         (minor, np.flatnonzero(is_minority)),
     ):
-        order = rng.permutation(group_classes)
-        for pos, client in enumerate(rng.permutation(members)):
-            for j in range(z):
-                slots.setdefault(int(order[(pos * z + j) % len(order)]), []).append(int(client))
+        for client, class_set in zip(members, deal_classes(group_classes, len(members), z, rng)):
+            for cls in class_set:
+                slots.setdefault(int(cls), []).append(int(client))
     pools = {c: rng.permutation(np.flatnonzero(labels == c)) for c in slots}
     largest = min(len(pools[c]) // len(owners) for c, owners in slots.items())
     shard = largest if samples_per_client is None else samples_per_client // z
@@ -295,13 +309,17 @@ def partition_dataset(
         test_fraction=test_fraction,
         val_fraction=val_fraction,
         n=len(labels),
+        labels=_digest(labels),
+        client_ids=None if client_ids is None else _digest(client_ids),
+        version=PARTITION_VERSION,
     )
     path = None
     if cache_dir is not None:
         digest = hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
         path = Path(cache_dir).expanduser() / "partitions" / f"{digest[:20]}.npz"
-        if path.exists():
-            return _load(path)
+        cached = _load(path, num_clients, len(labels))
+        if cached is not None:  # a missing or unreadable file is a miss, rewritten below
+            return cached
     params = dict(params)
     reduce_fraction = float(params.pop("reduce_fraction", 0.0))
     reduce_factor = float(params.pop("reduce_factor", 1.0))
@@ -317,34 +335,6 @@ def partition_dataset(
     if path is not None:
         _save(path, partition)
     return partition
-
-
-def _pack(arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    return np.concatenate(arrays).astype(np.int64), np.cumsum([0] + [len(a) for a in arrays])
-
-
-def _save(path: Path, partition: Partition) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tr, tr_off = _pack(partition.train)
-    te, te_off = _pack(partition.test)
-    tmp = path.with_suffix(".tmp.npz")
-    extra = {} if partition.groups is None else {"groups": np.array(partition.groups)}
-    if partition.val is not None:
-        extra["val"], extra["val_off"] = _pack(partition.val)
-    np.savez(tmp, train=tr, train_off=tr_off, test=te, test_off=te_off, **extra)
-    tmp.replace(path)
-
-
-def _load(path: Path) -> Partition:
-    def unpack(v, off):
-        return [v[off[i] : off[i + 1]] for i in range(len(off) - 1)]
-
-    with np.load(path) as z:
-        groups = z["groups"].tolist() if "groups" in z.files else None
-        val = unpack(z["val"], z["val_off"]) if "val" in z.files else None
-        return Partition(
-            unpack(z["train"], z["train_off"]), unpack(z["test"], z["test_off"]), groups, val
-        )
 
 
 def class_counts(labels: np.ndarray, partition: Partition, num_classes: int) -> np.ndarray:
