@@ -3,11 +3,7 @@ their real on-disk layouts; the CLI loads them through `dataset.data_dir`."""
 
 from __future__ import annotations
 
-import gzip
 import io
-import json
-import pickle
-import struct
 from pathlib import Path
 
 import numpy as np
@@ -15,74 +11,11 @@ import pytest
 import torch
 
 from conftest import REPO, run_dirs, summaries
+from datafiles import write_cifar10, write_cifar100, write_idx, write_leaf_femnist, write_mnist
 from fedexp.core.types import ConfigError
 from fedexp.data.augment import CropFlip
 from fedexp.data.datasets import load_cifar10, load_cifar100, load_fmnist, load_mnist
 from fedexp.data.leaf import load_femnist
-
-
-def write_idx(path: Path, array: np.ndarray) -> None:
-    """LeCun's IDX format: magic 0x0000080N (unsigned bytes, N dims), big-endian dims, data."""
-    header = struct.pack(">I", 0x0800 | array.ndim)
-    header += b"".join(struct.pack(">I", d) for d in array.shape)
-    data = header + array.astype(np.uint8).tobytes()
-    path.write_bytes(gzip.compress(data) if path.suffix == ".gz" else data)
-
-
-def write_mnist(root: Path, folder: str, n_train: int = 30, n_test: int = 10, gz: bool = False):
-    raw = root / folder / "raw"
-    raw.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    suffix = ".gz" if gz else ""
-    for prefix, n in (("train", n_train), ("t10k", n_test)):
-        write_idx(raw / f"{prefix}-images-idx3-ubyte{suffix}", rng.integers(0, 256, (n, 28, 28)))
-        write_idx(raw / f"{prefix}-labels-idx1-ubyte{suffix}", np.arange(n) % 10)
-
-
-def write_cifar100(root: Path, n_train: int = 40, n_test: int = 10) -> None:
-    folder = root / "cifar-100-python"
-    folder.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    for name, n in (("train", n_train), ("test", n_test)):
-        entry = {
-            "data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
-            "fine_labels": [(7 * i) % 100 for i in range(n)],
-            "coarse_labels": [i % 20 for i in range(n)],
-        }
-        (folder / name).write_bytes(pickle.dumps(entry))
-    names = {"fine_label_names": [f"c{i}" for i in range(100)]}
-    (folder / "meta").write_bytes(pickle.dumps(names))
-
-
-def write_cifar10(root: Path, n_per_batch: int = 6) -> None:
-    folder = root / "cifar-10-batches-py"
-    folder.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        entry = {
-            "data": rng.integers(0, 256, (n_per_batch, 3072), dtype=np.uint8),
-            "labels": list(range(n_per_batch)),
-        }
-        (folder / name).write_bytes(pickle.dumps(entry))
-
-
-def write_leaf_femnist(root: Path, writers: dict[str, int], test_per_writer: int = 0) -> None:
-    """LEAF JSON: train/ (and test/) files, 784 floats per sample, label = writer index mod 62."""
-    rng = np.random.default_rng(0)
-    for split, per in (("train", None), ("test", test_per_writer)):
-        if split == "test" and not per:
-            continue
-        (root / split).mkdir(parents=True)
-        blob = {"users": [], "num_samples": [], "user_data": {}}
-        for k, (writer, n) in enumerate(writers.items()):
-            m = per or n
-            blob["users"].append(writer)
-            blob["num_samples"].append(m)
-            blob["user_data"][writer] = {
-                "x": rng.random((m, 784)).round(3).tolist(),
-                "y": [(k * 5 + i) % 62 for i in range(m)],
-            }
-        (root / split / f"all_data_0_niid_0_keep_0_{split}_9.json").write_text(json.dumps(blob))
 
 
 def test_mnist_idx_plain_and_gz(tmp_path):

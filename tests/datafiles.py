@@ -1,0 +1,95 @@
+"""Writers of small dataset files in their real on-disk layouts (IDX, CIFAR pickles, LEAF JSON),
+for the loader tests."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import pickle
+import struct
+from pathlib import Path
+
+import numpy as np
+
+
+def write_idx(path: Path, array: np.ndarray) -> None:
+    """LeCun's IDX format: magic 0x0000080N (unsigned bytes, N dims), big-endian dims, data."""
+    header = struct.pack(">I", 0x0800 | array.ndim)
+    header += b"".join(struct.pack(">I", d) for d in array.shape)
+    data = header + array.astype(np.uint8).tobytes()
+    path.write_bytes(gzip.compress(data) if path.suffix == ".gz" else data)
+
+
+def write_mnist(root: Path, folder: str, n_train: int = 30, n_test: int = 10, gz: bool = False):
+    raw = root / folder / "raw"
+    raw.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    suffix = ".gz" if gz else ""
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        write_idx(raw / f"{prefix}-images-idx3-ubyte{suffix}", rng.integers(0, 256, (n, 28, 28)))
+        write_idx(raw / f"{prefix}-labels-idx1-ubyte{suffix}", np.arange(n) % 10)
+
+
+def write_cifar100(root: Path, n_train: int = 40, n_test: int = 10) -> None:
+    folder = root / "cifar-100-python"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for name, n in (("train", n_train), ("test", n_test)):
+        entry = {
+            "data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+            "fine_labels": [(7 * i) % 100 for i in range(n)],
+            "coarse_labels": [i % 20 for i in range(n)],
+        }
+        (folder / name).write_bytes(pickle.dumps(entry))
+    names = {"fine_label_names": [f"c{i}" for i in range(100)]}
+    (folder / "meta").write_bytes(pickle.dumps(names))
+
+
+def cifar10_batch(n: int, seed: int = 0, byte_keys: bool = False) -> dict:
+    """One CIFAR-10 batch as the published files hold it: uint8 rows of 3072, a list of labels."""
+    rng = np.random.default_rng(seed)
+    entry = {
+        "batch_label": "training batch",
+        "labels": [i % 10 for i in range(n)],
+        "data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+        "filenames": [f"img_{i}.png" for i in range(n)],
+    }
+    if byte_keys:  # how Python 3 sees the originals when loaded with encoding="bytes"
+        entry = {k.encode(): v.encode() if isinstance(v, str) else v for k, v in entry.items()}
+        entry[b"filenames"] = [f.encode() for f in entry[b"filenames"]]
+    return entry
+
+
+def write_cifar10(
+    root: Path, n_per_batch: int = 6, protocol: int | None = None, byte_keys: bool = False
+) -> None:
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    for seed, name in enumerate([f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]):
+        entry = cifar10_batch(n_per_batch, seed, byte_keys)
+        (folder / name).write_bytes(pickle.dumps(entry, protocol=protocol))
+
+
+def leaf_blob(users: dict[str, int], seed: int = 0, label_offset: int = 0) -> dict:
+    """A LEAF JSON object: 784 floats per sample, user k's labels (5k + i) % 62."""
+    rng = np.random.default_rng(seed)
+    blob: dict = {"users": [], "num_samples": [], "user_data": {}}
+    for k, (user, n) in enumerate(users.items()):
+        blob["users"].append(user)
+        blob["num_samples"].append(n)
+        blob["user_data"][user] = {
+            "x": rng.random((n, 784)).round(3).tolist(),
+            "y": [(label_offset + k * 5 + i) % 62 for i in range(n)],
+        }
+    return blob
+
+
+def write_leaf_femnist(root: Path, writers: dict[str, int], test_per_writer: int = 0) -> None:
+    """LEAF JSON: train/ (and test/) files, 784 floats per sample, label = writer index mod 62."""
+    (root / "train").mkdir(parents=True)
+    blob = leaf_blob(writers)
+    (root / "train" / "all_data_0_niid_0_keep_0_train_9.json").write_text(json.dumps(blob))
+    if test_per_writer:
+        (root / "test").mkdir(parents=True)
+        blob = leaf_blob({w: test_per_writer for w in writers}, seed=1)
+        (root / "test" / "all_data_0_niid_0_keep_0_test_9.json").write_text(json.dumps(blob))
