@@ -3,20 +3,31 @@ for the loader tests."""
 
 from __future__ import annotations
 
+import builtins
 import gzip
 import json
+import os
 import pickle
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 
+def idx_bytes(array: np.ndarray, dims: tuple[int, ...] | None = None) -> bytes:
+    """LeCun's IDX format: magic 0x0000080N (unsigned bytes, N dims), big-endian dims, data.
+
+    `dims` overrides the sizes the header states (default: the array's own shape).
+    """
+    dims = array.shape if dims is None else dims
+    header = struct.pack(">I", 0x0800 | len(dims)) + b"".join(struct.pack(">I", d) for d in dims)
+    return header + array.astype(np.uint8).tobytes()
+
+
 def write_idx(path: Path, array: np.ndarray) -> None:
-    """LeCun's IDX format: magic 0x0000080N (unsigned bytes, N dims), big-endian dims, data."""
-    header = struct.pack(">I", 0x0800 | array.ndim)
-    header += b"".join(struct.pack(">I", d) for d in array.shape)
-    data = header + array.astype(np.uint8).tobytes()
+    """An IDX file, gzipped when the name ends in .gz."""
+    data = idx_bytes(array)
     path.write_bytes(gzip.compress(data) if path.suffix == ".gz" else data)
 
 
@@ -93,3 +104,33 @@ def write_leaf_femnist(root: Path, writers: dict[str, int], test_per_writer: int
         (root / "test").mkdir(parents=True)
         blob = leaf_blob({w: test_per_writer for w in writers}, seed=1)
         (root / "test" / "all_data_0_niid_0_keep_0_test_9.json").write_text(json.dumps(blob))
+
+
+def sent140_blob(users: dict[str, int]) -> dict:
+    """A LEAF Sent140 JSON object: x rows [id, date, query, user, text], y alternating 0/1."""
+    blob: dict = {"users": list(users), "num_samples": list(users.values()), "user_data": {}}
+    for user, n in users.items():
+        rows = [[str(i), "date", "NO_QUERY", user, f"so good {i}"] for i in range(n)]
+        blob["user_data"][user] = {"x": rows, "y": [i % 2 for i in range(n)]}
+    return blob
+
+
+MARKER = "payload_ran"  # the file a malicious pickle would create in the data dir
+
+
+class Payload:
+    """Unpickles as the call `func(*args)`: what a malicious `__reduce__` looks like."""
+
+    def __init__(self, func: Callable, args: tuple):
+        self.func, self.args = func, args
+
+    def __reduce__(self):
+        return self.func, self.args
+
+
+def system_payload(root: Path) -> Payload:
+    return Payload(os.system, (f"touch {root / MARKER}",))
+
+
+def exec_payload(root: Path) -> Payload:
+    return Payload(builtins.exec, (f"open({str(root / MARKER)!r}, 'w').close()",))

@@ -11,10 +11,25 @@ import pytest
 import torch
 
 from conftest import REPO, run_dirs, summaries
-from datafiles import write_cifar10, write_cifar100, write_idx, write_leaf_femnist, write_mnist
+from datafiles import (
+    cifar10_batch,
+    write_cifar10,
+    write_cifar100,
+    write_idx,
+    write_leaf_femnist,
+    write_mnist,
+)
 from fedexp.core.types import ConfigError
 from fedexp.data.augment import CropFlip
-from fedexp.data.datasets import load_cifar10, load_cifar100, load_fmnist, load_mnist
+from fedexp.data.datasets import (
+    CIFAR10_MEAN,
+    CIFAR10_STD,
+    Dataset,
+    load_cifar10,
+    load_cifar100,
+    load_fmnist,
+    load_mnist,
+)
 from fedexp.data.leaf import load_femnist
 
 
@@ -58,6 +73,33 @@ def test_cifar10_reads_pickles_without_md5(tmp_path):
     write_cifar10(tmp_path)
     ds = load_cifar10(str(tmp_path))
     assert ds.train_x.shape == (30, 3, 32, 32) and ds.train_y[:6].tolist() == list(range(6))
+
+
+@pytest.mark.parametrize(("protocol", "byte_keys"), [(2, True), (2, False), (5, True), (5, False)])
+def test_cifar_batches_load_with_str_or_bytes_keys_and_any_protocol(tmp_path, protocol, byte_keys):
+    write_cifar10(tmp_path, n_per_batch=4, protocol=protocol, byte_keys=byte_keys)
+    ds = load_cifar10(str(tmp_path))
+    first, test = cifar10_batch(4, seed=0), cifar10_batch(4, seed=5)
+    assert ds.train_y.tolist() == first["labels"] * 5 and ds.test_y.tolist() == test["labels"]
+    # pixel 0 of image 0's red plane, and pixel 0 of its blue plane (row offset 2048), by hand
+    red, blue = first["data"][0, 0], first["data"][0, 2048]
+    assert ds.train_x[0, 0, 0, 0].item() == pytest.approx(
+        (red / 255 - CIFAR10_MEAN[0]) / CIFAR10_STD[0]
+    )
+    assert ds.train_x[0, 2, 0, 0].item() == pytest.approx(
+        (blue / 255 - CIFAR10_MEAN[2]) / CIFAR10_STD[2]
+    )
+
+
+def test_dataset_labels_must_fit_num_classes_and_inputs():
+    x = torch.zeros(4, 3)
+    with pytest.raises(ConfigError, match=r"^dataset.data_dir: toy: test label 2 outside \[0, 2\)"):
+        Dataset("toy", x, torch.tensor([0, 1, 0, 1]), x, torch.tensor([0, 2, 1, 1]), 2, (3,))
+    with pytest.raises(ConfigError, match=r"^dataset.data_dir: toy: 4 training inputs but 3"):
+        Dataset("toy", x, torch.tensor([0, 1, 0]), None, None, 2, (3,))
+    with pytest.raises(ConfigError, match=r"^dataset.data_dir: toy: 2 client ids for 4 training"):
+        Dataset("toy", x, torch.tensor([0, 1, 0, 1]), None, None, 2, (3,), np.zeros(2))
+    assert Dataset("toy", x, torch.tensor([0, 1, 0, 1]), None, None, 2, (3,)).num_classes == 2
 
 
 @pytest.mark.parametrize(

@@ -47,6 +47,31 @@ class Dataset:
     # text vocabulary): `prepare(dataset, partition) -> dataset`, called once by `fedexp.run`
     prepare: Callable[[Dataset, Any], Dataset] | None = None
 
+    def __post_init__(self) -> None:
+        """Every input has a label and every label is one of the `num_classes` classes."""
+        for split, x, y in (
+            ("training", self.train_x, self.train_y),
+            ("test", self.test_x, self.test_y),
+        ):
+            if y is None:
+                continue
+            if len(x) != len(y):
+                raise ConfigError(
+                    f"dataset.data_dir: {self.name}: {len(x)} {split} inputs but {len(y)} labels"
+                )
+            if len(y) and (y.min() < 0 or y.max() >= self.num_classes):
+                bad = y[(y < 0) | (y >= self.num_classes)][0].item()
+                raise ConfigError(
+                    f"dataset.data_dir: {self.name}: {split} label {bad} outside "
+                    f"[0, {self.num_classes})"
+                )
+        owners = self.train_client_ids
+        if owners is not None and len(owners) != len(self.train_y):
+            raise ConfigError(
+                f"dataset.data_dir: {self.name}: {len(owners)} client ids for "
+                f"{len(self.train_y)} training samples"
+            )
+
 
 def _split_holdout(x, y, fraction: float, seed: int):
     """Stratification-free seeded holdout split of (x, y)."""
