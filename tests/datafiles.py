@@ -134,3 +134,33 @@ def system_payload(root: Path) -> Payload:
 
 def exec_payload(root: Path) -> Payload:
     return Payload(builtins.exec, (f"open({str(root / MARKER)!r}, 'w').close()",))
+
+
+def py2_cifar_pickle(data: np.ndarray, labels: list[int]) -> bytes:
+    """A CIFAR batch pickled as Python 2 wrote the published files (protocol 2, str as bytes).
+
+    Built opcode by opcode: Python 3 cannot write Python 2 strings, and numpy's array under the
+    name `numpy.core.multiarray._reconstruct` with its bytes as a Python 2 str is what the
+    published files hold.
+    """
+
+    def string(s: bytes) -> bytes:  # BINSTRING: a Python 2 str
+        return b"T" + struct.pack("<i", len(s)) + s
+
+    def int4(v: int) -> bytes:  # BININT
+        return b"J" + struct.pack("<i", v)
+
+    dtype = (
+        b"cnumpy\ndtype\n" + string(b"u1") + int4(0) + int4(1) + b"\x87R"  # TUPLE3 REDUCE
+        + b"(" + int4(3) + string(b"|") + b"NNN" + int4(-1) + int4(-1) + int4(0) + b"tb"
+    )  # fmt: skip
+    array = (
+        b"cnumpy.core.multiarray\n_reconstruct\n" + b"cnumpy\nndarray\n" + int4(0) + b"\x85"
+        + string(b"b") + b"\x87R" + b"(" + int4(1) + int4(data.shape[0]) + int4(data.shape[1])
+        + b"\x86" + dtype + b"\x89" + string(data.astype(np.uint8).tobytes()) + b"tb"
+    )  # fmt: skip
+    label_list = b"](" + b"".join(int4(v) for v in labels) + b"e"
+    return (
+        b"\x80\x02}(" + string(b"batch_label") + string(b"training batch 1 of 5")
+        + string(b"labels") + label_list + string(b"data") + array + b"u."
+    )  # fmt: skip

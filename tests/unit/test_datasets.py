@@ -13,6 +13,7 @@ import torch
 from conftest import REPO, run_dirs, summaries
 from datafiles import (
     cifar10_batch,
+    py2_cifar_pickle,
     write_cifar10,
     write_cifar100,
     write_idx,
@@ -89,6 +90,18 @@ def test_cifar_batches_load_with_str_or_bytes_keys_and_any_protocol(tmp_path, pr
     assert ds.train_x[0, 2, 0, 0].item() == pytest.approx(
         (blue / 255 - CIFAR10_MEAN[2]) / CIFAR10_STD[2]
     )
+
+
+def test_cifar_reads_the_python2_pickles_as_published(tmp_path):
+    write_cifar10(tmp_path, n_per_batch=2)
+    data = np.arange(2 * 3072).reshape(2, 3072) % 251
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        (tmp_path / "cifar-10-batches-py" / name).write_bytes(py2_cifar_pickle(data, [3, 9]))
+    ds = load_cifar10(str(tmp_path))
+    assert ds.train_y.tolist() == [3, 9] * 5 and ds.test_y.tolist() == [3, 9]
+    # image 1, green plane (offset 1024), row 0, column 1: byte 3072 + 1024 + 1 of the data
+    expected = ((3072 + 1024 + 1) % 251 / 255 - CIFAR10_MEAN[1]) / CIFAR10_STD[1]
+    assert ds.test_x[1, 1, 0, 1].item() == pytest.approx(expected)
 
 
 def test_dataset_labels_must_fit_num_classes_and_inputs():
