@@ -3,11 +3,7 @@ their real on-disk layouts; the CLI loads them through `dataset.data_dir`."""
 
 from __future__ import annotations
 
-import gzip
 import io
-import json
-import pickle
-import struct
 from pathlib import Path
 
 import numpy as np
@@ -15,74 +11,27 @@ import pytest
 import torch
 
 from conftest import REPO, run_dirs, summaries
+from datafiles import (
+    cifar10_batch,
+    py2_cifar_pickle,
+    write_cifar10,
+    write_cifar100,
+    write_idx,
+    write_leaf_femnist,
+    write_mnist,
+)
 from fedexp.core.types import ConfigError
 from fedexp.data.augment import CropFlip
-from fedexp.data.datasets import load_cifar10, load_cifar100, load_fmnist, load_mnist
+from fedexp.data.datasets import (
+    CIFAR10_MEAN,
+    CIFAR10_STD,
+    Dataset,
+    load_cifar10,
+    load_cifar100,
+    load_fmnist,
+    load_mnist,
+)
 from fedexp.data.leaf import load_femnist
-
-
-def write_idx(path: Path, array: np.ndarray) -> None:
-    """LeCun's IDX format: magic 0x0000080N (unsigned bytes, N dims), big-endian dims, data."""
-    header = struct.pack(">I", 0x0800 | array.ndim)
-    header += b"".join(struct.pack(">I", d) for d in array.shape)
-    data = header + array.astype(np.uint8).tobytes()
-    path.write_bytes(gzip.compress(data) if path.suffix == ".gz" else data)
-
-
-def write_mnist(root: Path, folder: str, n_train: int = 30, n_test: int = 10, gz: bool = False):
-    raw = root / folder / "raw"
-    raw.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    suffix = ".gz" if gz else ""
-    for prefix, n in (("train", n_train), ("t10k", n_test)):
-        write_idx(raw / f"{prefix}-images-idx3-ubyte{suffix}", rng.integers(0, 256, (n, 28, 28)))
-        write_idx(raw / f"{prefix}-labels-idx1-ubyte{suffix}", np.arange(n) % 10)
-
-
-def write_cifar100(root: Path, n_train: int = 40, n_test: int = 10) -> None:
-    folder = root / "cifar-100-python"
-    folder.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    for name, n in (("train", n_train), ("test", n_test)):
-        entry = {
-            "data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
-            "fine_labels": [(7 * i) % 100 for i in range(n)],
-            "coarse_labels": [i % 20 for i in range(n)],
-        }
-        (folder / name).write_bytes(pickle.dumps(entry))
-    names = {"fine_label_names": [f"c{i}" for i in range(100)]}
-    (folder / "meta").write_bytes(pickle.dumps(names))
-
-
-def write_cifar10(root: Path, n_per_batch: int = 6) -> None:
-    folder = root / "cifar-10-batches-py"
-    folder.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        entry = {
-            "data": rng.integers(0, 256, (n_per_batch, 3072), dtype=np.uint8),
-            "labels": list(range(n_per_batch)),
-        }
-        (folder / name).write_bytes(pickle.dumps(entry))
-
-
-def write_leaf_femnist(root: Path, writers: dict[str, int], test_per_writer: int = 0) -> None:
-    """LEAF JSON: train/ (and test/) files, 784 floats per sample, label = writer index mod 62."""
-    rng = np.random.default_rng(0)
-    for split, per in (("train", None), ("test", test_per_writer)):
-        if split == "test" and not per:
-            continue
-        (root / split).mkdir(parents=True)
-        blob = {"users": [], "num_samples": [], "user_data": {}}
-        for k, (writer, n) in enumerate(writers.items()):
-            m = per or n
-            blob["users"].append(writer)
-            blob["num_samples"].append(m)
-            blob["user_data"][writer] = {
-                "x": rng.random((m, 784)).round(3).tolist(),
-                "y": [(k * 5 + i) % 62 for i in range(m)],
-            }
-        (root / split / f"all_data_0_niid_0_keep_0_{split}_9.json").write_text(json.dumps(blob))
 
 
 def test_mnist_idx_plain_and_gz(tmp_path):
@@ -125,6 +74,45 @@ def test_cifar10_reads_pickles_without_md5(tmp_path):
     write_cifar10(tmp_path)
     ds = load_cifar10(str(tmp_path))
     assert ds.train_x.shape == (30, 3, 32, 32) and ds.train_y[:6].tolist() == list(range(6))
+
+
+@pytest.mark.parametrize(("protocol", "byte_keys"), [(2, True), (2, False), (5, True), (5, False)])
+def test_cifar_batches_load_with_str_or_bytes_keys_and_any_protocol(tmp_path, protocol, byte_keys):
+    write_cifar10(tmp_path, n_per_batch=4, protocol=protocol, byte_keys=byte_keys)
+    ds = load_cifar10(str(tmp_path))
+    first, test = cifar10_batch(4, seed=0), cifar10_batch(4, seed=5)
+    assert ds.train_y.tolist() == first["labels"] * 5 and ds.test_y.tolist() == test["labels"]
+    # pixel 0 of image 0's red plane, and pixel 0 of its blue plane (row offset 2048), by hand
+    red, blue = first["data"][0, 0], first["data"][0, 2048]
+    assert ds.train_x[0, 0, 0, 0].item() == pytest.approx(
+        (red / 255 - CIFAR10_MEAN[0]) / CIFAR10_STD[0]
+    )
+    assert ds.train_x[0, 2, 0, 0].item() == pytest.approx(
+        (blue / 255 - CIFAR10_MEAN[2]) / CIFAR10_STD[2]
+    )
+
+
+def test_cifar_reads_the_python2_pickles_as_published(tmp_path):
+    write_cifar10(tmp_path, n_per_batch=2)
+    data = np.arange(2 * 3072).reshape(2, 3072) % 251
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        (tmp_path / "cifar-10-batches-py" / name).write_bytes(py2_cifar_pickle(data, [3, 9]))
+    ds = load_cifar10(str(tmp_path))
+    assert ds.train_y.tolist() == [3, 9] * 5 and ds.test_y.tolist() == [3, 9]
+    # image 1, green plane (offset 1024), row 0, column 1: byte 3072 + 1024 + 1 of the data
+    expected = ((3072 + 1024 + 1) % 251 / 255 - CIFAR10_MEAN[1]) / CIFAR10_STD[1]
+    assert ds.test_x[1, 1, 0, 1].item() == pytest.approx(expected)
+
+
+def test_dataset_labels_must_fit_num_classes_and_inputs():
+    x = torch.zeros(4, 3)
+    with pytest.raises(ConfigError, match=r"^dataset.data_dir: toy: test label 2 outside \[0, 2\)"):
+        Dataset("toy", x, torch.tensor([0, 1, 0, 1]), x, torch.tensor([0, 2, 1, 1]), 2, (3,))
+    with pytest.raises(ConfigError, match=r"^dataset.data_dir: toy: 4 training inputs but 3"):
+        Dataset("toy", x, torch.tensor([0, 1, 0]), None, None, 2, (3,))
+    with pytest.raises(ConfigError, match=r"^dataset.data_dir: toy: 2 client ids for 4 training"):
+        Dataset("toy", x, torch.tensor([0, 1, 0, 1]), None, None, 2, (3,), np.zeros(2))
+    assert Dataset("toy", x, torch.tensor([0, 1, 0, 1]), None, None, 2, (3,)).num_classes == 2
 
 
 @pytest.mark.parametrize(

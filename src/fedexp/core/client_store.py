@@ -66,7 +66,7 @@ class ClientStore:
             self._state.move_to_end(client_id)
             return self._state[client_id]
         if client_id in self._spilled:
-            state = torch.load(self._file(client_id), weights_only=False)
+            state = torch.load(self._file(client_id), weights_only=True)
             self._spilled.discard(client_id)
             self._file(client_id).unlink()
             self._keep(client_id, state)
@@ -96,7 +96,7 @@ class ClientStore:
         """Every client's state (spilled ones read back from disk, not re-admitted)."""
         out = dict(self._state)
         for cid in self._spilled:
-            out[cid] = torch.load(self._file(cid), weights_only=False)
+            out[cid] = torch.load(self._file(cid), weights_only=True)
         return dict(sorted(out.items()))
 
     def load_state_dict(self, state: dict[int, Any]) -> None:

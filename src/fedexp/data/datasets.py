@@ -1,16 +1,15 @@
 """Dataset loaders. Each returns a `Dataset`: whole train/test tensors in memory.
 
 Files are read in the on-disk layouts torchvision downloads (IDX for MNIST/Fashion-MNIST, python
-pickles for CIFAR); torchvision is used to download only, because its loaders check the files'
-md5 sums. Nothing is downloaded unless `dataset.download` allows it, and a missing copy gives one
+pickles for CIFAR) by the strict readers of `files.py` (pickles through an unpickler that cannot
+run code); torchvision is used to download only, because its loaders check the files' md5 sums.
+Nothing is downloaded unless `dataset.download` allows it, and a missing copy gives one
 `ConfigError` naming the path and the files expected. FEMNIST and Sentiment140 live in `leaf.py`
 and `text.py`.
 """
 
 from __future__ import annotations
 
-import gzip
-import pickle
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ import numpy as np
 import torch
 
 from fedexp.core.types import ConfigError
+from fedexp.data.files import check_labels, data_error, read_cifar_batch, read_idx
 
 
 @dataclass
@@ -46,6 +46,31 @@ class Dataset:
     # preprocessing fitted after partitioning, on the clients' local training samples only (a
     # text vocabulary): `prepare(dataset, partition) -> dataset`, called once by `fedexp.run`
     prepare: Callable[[Dataset, Any], Dataset] | None = None
+
+    def __post_init__(self) -> None:
+        """Every input has a label and every label is one of the `num_classes` classes."""
+        for split, x, y in (
+            ("training", self.train_x, self.train_y),
+            ("test", self.test_x, self.test_y),
+        ):
+            if y is None:
+                continue
+            if len(x) != len(y):
+                raise ConfigError(
+                    f"dataset.data_dir: {self.name}: {len(x)} {split} inputs but {len(y)} labels"
+                )
+            if len(y) and (y.min() < 0 or y.max() >= self.num_classes):
+                bad = y[(y < 0) | (y >= self.num_classes)][0].item()
+                raise ConfigError(
+                    f"dataset.data_dir: {self.name}: {split} label {bad} outside "
+                    f"[0, {self.num_classes})"
+                )
+        owners = self.train_client_ids
+        if owners is not None and len(owners) != len(self.train_y):
+            raise ConfigError(
+                f"dataset.data_dir: {self.name}: {len(owners)} client ids for "
+                f"{len(self.train_y)} training samples"
+            )
 
 
 def _split_holdout(x, y, fraction: float, seed: int):
@@ -151,15 +176,12 @@ def _augmenter(augment: bool, mean, std):
     return CropFlip(fill=tuple(-m / s for m, s in zip(mean, std)))  # pad with black pixels
 
 
-def read_cifar_pickles(files: list[Path], label_key: str) -> tuple[np.ndarray, np.ndarray]:
-    """CIFAR python-pickle batches -> (uint8 NHWC images, int labels)."""
-    images, labels = [], []
-    for f in files:
-        with open(f, "rb") as fh:
-            entry = pickle.load(fh, encoding="latin1")
-        images.append(np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
-        labels.extend(entry[label_key])
-    return np.concatenate(images).transpose(0, 2, 3, 1), np.asarray(labels, dtype=np.int64)
+def read_cifar_pickles(
+    files: list[Path], label_key: str, num_classes: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """CIFAR python-pickle batches -> (uint8 NHWC images, int labels), each file checked."""
+    batches = [read_cifar_batch(f, label_key, num_classes) for f in files]
+    return np.concatenate([b[0] for b in batches]), np.concatenate([b[1] for b in batches])
 
 
 @dataclass(frozen=True)
@@ -211,10 +233,8 @@ def _load_cifar(
     if download and any(not (root / f).exists() for f in files):
         _download(what, root, lambda: downloader(str(root), train=True, download=True), layout)
     require_files(root, files, what, f"put {layout} there or set dataset.download=true online")
-    tx, ty = read_cifar_pickles([root / f for f in files[:-1]], spec.label_key)
-    vx, vy = read_cifar_pickles([root / files[-1]], spec.label_key)
-    if min(ty.min(), vy.min()) < 0 or max(ty.max(), vy.max()) >= spec.num_classes:
-        raise ConfigError(f"dataset.data_dir: {what} labels outside [0, {spec.num_classes})")
+    tx, ty = read_cifar_pickles([root / f for f in files[:-1]], spec.label_key, spec.num_classes)
+    vx, vy = read_cifar_pickles([root / files[-1]], spec.label_key, spec.num_classes)
     return Dataset(
         spec.name,
         images_to_tensor(tx, spec.mean, spec.std),
@@ -247,17 +267,14 @@ IDX_FILES = {
 }
 
 
-def read_idx(path: Path) -> np.ndarray:
-    """An IDX file of unsigned bytes (plain or .gz), as LeCun's MNIST files are."""
-    data = path.read_bytes()
-    if path.suffix == ".gz":
-        data = gzip.decompress(data)
-    magic = int.from_bytes(data[:4], "big")
-    if magic >> 8 != 0x08:  # 0x08: unsigned byte; the dimension count is the low byte
-        raise ConfigError(f"dataset.data_dir: {path} is not an unsigned-byte IDX file")
-    ndim = magic & 0xFF
-    dims = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
-    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims).copy()
+def read_idx_split(images_path: Path, labels_path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(uint8 NHW images, int64 labels in [0, 10)) of one IDX split; the counts must agree."""
+    images, labels = read_idx(images_path, 3), read_idx(labels_path, 1)
+    if len(images) != len(labels):
+        raise data_error(
+            images_path, f"{len(images)} images but {labels_path.name} holds {len(labels)} labels"
+        )
+    return images, check_labels(labels_path, labels, 10)
 
 
 def _load_idx_dataset(
@@ -278,16 +295,22 @@ def _load_idx_dataset(
     if missing:
         require_files(raw, missing, name, f"put {layout} or set dataset.download=true online")
 
-    def read(f: str) -> np.ndarray:
-        return read_idx(raw / f if (raw / f).exists() else raw / f"{f}.gz")
+    def path(f: str) -> Path:
+        return raw / f if (raw / f).exists() else raw / f"{f}.gz"
 
-    split = {k: (read(img), read(lab)) for k, (img, lab) in IDX_FILES.items()}
+    split = {k: read_idx_split(path(img), path(lab)) for k, (img, lab) in IDX_FILES.items()}
+    train_size, test_size = ("x".join(map(str, split[k][0].shape[1:])) for k in IDX_FILES)
+    if test_size != train_size:
+        raise data_error(
+            path(IDX_FILES["test"][0]),
+            f"images of {test_size}, the training images are {train_size}",
+        )
     return Dataset(
         name.lower().replace("-", ""),
         images_to_tensor(split["train"][0], mean, std),
-        torch.from_numpy(split["train"][1].astype(np.int64)),
+        torch.from_numpy(split["train"][1]),
         images_to_tensor(split["test"][0], mean, std),
-        torch.from_numpy(split["test"][1].astype(np.int64)),
+        torch.from_numpy(split["test"][1]),
         10,
         (1, *split["train"][0].shape[1:]),
     )

@@ -19,10 +19,12 @@ import torch
 
 from fedexp.core.types import ConfigError
 from fedexp.data.datasets import Dataset
+from fedexp.data.files import check_labels, data_error, one_line
 
 FEMNIST_CLASSES = 62  # 10 digits, 26 upper-case, 26 lower-case letters (LEAF's label order)
 FEMNIST_HF_REPO = "flwrlabs/femnist"
 HF_CACHE = "hf_cache"  # under data_dir: what `datasets` downloads before the parquet export
+CACHE_VERSION = 2  # arrays cached by an older, less strict reader are parsed again
 
 
 def leaf_files(root: Path) -> tuple[list[Path], list[Path]]:
@@ -32,29 +34,58 @@ def leaf_files(root: Path) -> tuple[list[Path], list[Path]]:
     return sorted(root.glob("*.json")), []
 
 
-def read_leaf_json(files: list[Path], convert_x=list) -> tuple[list, list, list[str]]:
+def read_json(path: Path) -> object:
+    """A JSON file; a truncated or non-JSON file is one ConfigError naming it."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise data_error(path, f"not JSON ({one_line(err)})") from None
+
+
+def read_leaf_json(
+    files: list[Path], convert_x=list, num_classes: int | None = None
+) -> tuple[list, list, list[str]]:
     """All samples of the given LEAF files, in file/user order: (x chunks, y, user per sample).
 
     `convert_x` turns one user's x list into a compact chunk as soon as it is read (FEMNIST: a
-    float32 array), so a dataset of Python floats never sits in memory at once.
+    float32 array), so a dataset of Python floats never sits in memory at once; a ValueError it
+    raises is refused naming the file and the user. A user listed twice (in one file or two),
+    x and y of different lengths, a `num_samples` entry that disagrees, and (with
+    `num_classes`) a label outside [0, num_classes) are refused too.
     """
     chunks: list = []
     ys: list = []
     users: list[str] = []
+    seen: dict[str, Path] = {}
     for path in files:
-        with open(path) as fh:
-            blob = json.load(fh)
+        blob = read_json(path)
         try:
-            for user in blob["users"]:
-                data = blob["user_data"][user]
-                if len(data["x"]) != len(data["y"]):
-                    raise ConfigError(f"dataset.data_dir: {path}: user {user} has len(x) != len(y)")
-                chunks.append(convert_x(data["x"]))
-                ys.extend(data["y"])
-                users.extend([str(user)] * len(data["y"]))
-        except (KeyError, TypeError) as err:
-            raise ConfigError(
-                f"dataset.data_dir: {path} is not LEAF JSON (users/user_data/x/y; {err!r})"
+            names, counts = blob["users"], blob.get("num_samples")
+            if counts is not None and len(counts) != len(names):
+                raise data_error(path, f"{len(names)} users but {len(counts)} num_samples")
+            for k, user in enumerate(names):
+                where = f"{path}: user {user}"
+                if str(user) in seen:
+                    also = "" if seen[str(user)] == path else f" (also in {seen[str(user)]})"
+                    raise data_error(where, f"listed twice{also}")
+                seen[str(user)] = path
+                x, y = blob["user_data"][user]["x"], blob["user_data"][user]["y"]
+                if not isinstance(x, list) or not isinstance(y, list):
+                    raise TypeError(f"user {user}: x and y must be lists")
+                if len(x) != len(y):
+                    raise data_error(where, f"{len(x)} samples in x but {len(y)} labels in y")
+                if counts is not None and counts[k] != len(y):
+                    raise data_error(where, f"num_samples says {counts[k]}, x and y hold {len(y)}")
+                try:
+                    chunks.append(convert_x(x))
+                except ValueError as err:
+                    raise data_error(where, str(err)) from None
+                ys.extend(check_labels(where, y, num_classes).tolist() if num_classes else y)
+                users.extend([str(user)] * len(y))
+        except (KeyError, TypeError, AttributeError) as err:
+            raise data_error(
+                path, f"not LEAF JSON (users/num_samples/user_data/x/y; {err!r})"
             ) from None
         del blob
     return chunks, ys, users
@@ -67,14 +98,27 @@ def owner_ids(users: list[str]) -> np.ndarray:
 
 
 def _pixels(x: list) -> np.ndarray:
-    return np.asarray(x, dtype=np.float32).reshape(-1, 784)
+    """One writer's LEAF x rows -> float32 (n, 784); ValueError naming what is wrong."""
+    for i, row in enumerate(x):
+        if not isinstance(row, list) or len(row) != 784:
+            got = f"{len(row)} values" if isinstance(row, list) else f"a {type(row).__name__}"
+            raise ValueError(f"sample {i} has {got}, expected 784 pixels (28x28)")
+    try:
+        values = np.array(x) if x else np.zeros((0, 784), np.float32)
+    except ValueError:
+        values = np.array([], dtype=object)
+    if values.dtype.kind not in "iuf" or values.ndim != 2:
+        raise ValueError("x holds a pixel that is not a number (a null, a string or a list)")
+    pixels = values.astype(np.float32)
+    finite = np.isfinite(pixels).all(axis=1)
+    if not finite.all():
+        raise ValueError(f"sample {np.flatnonzero(~finite)[0]} has a NaN or infinite pixel")
+    return pixels
 
 
 def _femnist_tensors(chunks: list[np.ndarray], y) -> tuple[torch.Tensor, torch.Tensor]:
     images = torch.from_numpy(np.concatenate(chunks) if chunks else np.zeros((0, 784), "f4"))
     labels = torch.as_tensor(np.asarray(y, dtype=np.int64))
-    if len(labels) and (labels.min() < 0 or labels.max() >= FEMNIST_CLASSES):
-        raise ConfigError(f"dataset.data_dir: FEMNIST labels outside [0, {FEMNIST_CLASSES})")
     return images.reshape(-1, 1, 28, 28), labels
 
 
@@ -85,12 +129,24 @@ def read_femnist_parquet(files: list[Path]) -> tuple[list[np.ndarray], list, lis
 
     images, labels, writers = [], [], []
     for path in files:
-        table = pq.read_table(path, columns=["image", "writer_id", "character"]).to_pydict()
-        for img in table["image"]:
-            raw = img["bytes"] if isinstance(img, dict) else img
-            images.append(np.asarray(Image.open(io.BytesIO(raw)).convert("L"), dtype=np.uint8))
-        labels.extend(table["character"])
+        try:
+            table = pq.read_table(path, columns=["image", "writer_id", "character"]).to_pydict()
+        except Exception as err:  # not parquet, truncated, or without these columns
+            raise data_error(path, f"not {FEMNIST_HF_REPO} parquet ({one_line(err)})") from None
+        for i, img in enumerate(table["image"]):
+            try:
+                raw = img["bytes"] if isinstance(img, dict) else img
+                pixels = np.asarray(Image.open(io.BytesIO(raw)).convert("L"), dtype=np.uint8)
+            except Exception as err:
+                raise data_error(path, f"row {i}: not a readable image ({one_line(err)})") from None
+            if pixels.shape != (28, 28):
+                size = "x".join(map(str, pixels.shape))
+                raise data_error(path, f"row {i}: image of {size}, expected 28x28")
+            images.append(pixels)
+        labels.extend(check_labels(path, table["character"], FEMNIST_CLASSES).tolist())
         writers.extend(str(w) for w in table["writer_id"])
+    if not images:
+        raise data_error(files[0] if files else "parquet", "no images")
     # the same scale as LEAF's JSON (pixel / 255)
     return [np.stack(images).reshape(-1, 784).astype(np.float32) / 255.0], labels, writers
 
@@ -133,7 +189,8 @@ def _cached(cache_dir: str | None, sources: list[Path], read) -> dict[str, np.nd
     """`read()` once per version of the source files: parsing LEAF JSON takes minutes."""
     if cache_dir is None:
         return read()
-    stamp = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in sources]
+    stamp: list = [CACHE_VERSION]
+    stamp += [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in sources]
     digest = hashlib.sha1(json.dumps(stamp).encode()).hexdigest()[:20]
     path = Path(cache_dir).expanduser() / "femnist" / f"{digest}.npz"
     if path.exists():
@@ -166,7 +223,7 @@ def load_femnist(
 
     def read() -> dict[str, np.ndarray]:
         if train_files:
-            chunks, y, users = read_leaf_json(train_files, _pixels)
+            chunks, y, users = read_leaf_json(train_files, _pixels, FEMNIST_CLASSES)
         else:
             chunks, y, users = read_femnist_parquet(parquet)
         train_x, train_y = _femnist_tensors(chunks, y)
@@ -176,7 +233,7 @@ def load_femnist(
             "owners": owner_ids(users),
         }
         if test_files:
-            test_chunks, test_y, _users = read_leaf_json(test_files, _pixels)
+            test_chunks, test_y, _users = read_leaf_json(test_files, _pixels, FEMNIST_CLASSES)
             test_x, test_y = _femnist_tensors(test_chunks, test_y)
             arrays.update(test_x=_compact(test_x.numpy()), test_y=test_y.numpy())
         return arrays

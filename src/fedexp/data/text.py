@@ -26,6 +26,7 @@ from fedexp.data.datasets import Dataset
 from fedexp.data.leaf import leaf_files, owner_ids, read_leaf_json
 
 PAD, UNK = 0, 1
+SENT140_CLASSES = 2  # negative (polarity 0), positive (polarity 4)
 # LEAF's Sent140 split_line: words (with apostrophes) and the punctuation marks . , ! ? ;
 TOKEN_RE = re.compile(r"[\w']+|[.,!?;]")
 LEAF_TEXT_FIELD = 4  # LEAF x rows: [id, date, query, user, text]
@@ -114,7 +115,15 @@ def read_sentiment140_csv(files: list[Path]) -> tuple[list[str], list[int], list
 
 
 def _leaf_texts(xs: list) -> list[str]:
-    return [x if isinstance(x, str) else str(x[LEAF_TEXT_FIELD]) for x in xs]
+    """One user's LEAF x rows ([id, date, query, user, text], or the text alone) -> texts."""
+    texts = []
+    for i, x in enumerate(xs):
+        if isinstance(x, list) and len(x) > LEAF_TEXT_FIELD:
+            x = x[LEAF_TEXT_FIELD]
+        if not isinstance(x, str):
+            raise ValueError(f"sample {i} is not an [id, date, query, user, text] row")
+        texts.append(x)
+    return texts
 
 
 @dataclasses.dataclass
@@ -190,10 +199,10 @@ def load_sent140(
     if csvs:
         texts, labels, users = read_sentiment140_csv(csvs)
     elif train_json:
-        chunks, labels, users = read_leaf_json(train_json, _leaf_texts)
+        chunks, labels, users = read_leaf_json(train_json, _leaf_texts, SENT140_CLASSES)
         texts = [t for chunk in chunks for t in chunk]
         if test_json:
-            test_chunks, tys, _users = read_leaf_json(test_json, _leaf_texts)
+            test_chunks, tys, _users = read_leaf_json(test_json, _leaf_texts, SENT140_CLASSES)
             test_texts = [t for chunk in test_chunks for t in chunk]
             test_y = torch.tensor([int(v) for v in tys], dtype=torch.long)
     else:
@@ -204,8 +213,8 @@ def load_sent140(
     if seq_len < 1:
         raise ConfigError(f"dataset.seq_len: must be >= 1, got {seq_len}")
     train_y = torch.tensor([int(v) for v in labels], dtype=torch.long)
-    if len(train_y) == 0 or train_y.min() < 0 or train_y.max() > 1:
-        raise ConfigError(f"dataset.data_dir: Sent140 at {root} has no 0/1-labelled tweets")
+    if len(train_y) == 0:
+        raise ConfigError(f"dataset.data_dir: Sent140 at {root} has no labelled tweets")
     encoder = Sent140Encoder(texts, test_texts, seq_len, min_count, max_vocab, glove_path)
     return Dataset(
         "sent140",
@@ -213,7 +222,7 @@ def load_sent140(
         train_y,
         torch.arange(len(test_y)) if test_y is not None else None,
         test_y,
-        2,
+        SENT140_CLASSES,
         (seq_len,),
         train_client_ids=owner_ids(users),
         prepare=encoder,
