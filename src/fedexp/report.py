@@ -4,7 +4,8 @@ Reads `summary.json` and `metrics.jsonl` of every run found under the given dire
 the runs by the config values that differ between them (found automatically; the seed is left
 out, so a group's runs are its seeds) and writes `report.md` with PNG plots: accuracy vs round
 (mean ± std band over seeds), the final table (mean ± std), client-accuracy box plots, accuracy
-vs cumulative communication, the majority/minority gap and MIA accuracy where present.
+vs cumulative communication, the majority/minority gap vs round, and the final MIA metrics
+(points with mean ± std error bars per group) where present.
 The std is numpy's (population, ddof=0) over the seeds of a group.
 """
 
@@ -34,7 +35,17 @@ FINAL = (
     "eval/personal/acc_min",
     "eval/group/gap",
     "privacy/mia_acc",
+    "privacy/mia_auc",
+    "privacy/mia_tpr@1%fpr",
+    "privacy/mia_tpr@0.1%fpr",
 )
+# MIA metric -> (panel title, the value of an attack that guesses)
+MIA = {
+    "privacy/mia_acc": ("attack accuracy", 0.5),
+    "privacy/mia_auc": ("ROC AUC", 0.5),
+    "privacy/mia_tpr@1%fpr": ("TPR at 1% FPR", 0.01),
+    "privacy/mia_tpr@0.1%fpr": ("TPR at 0.1% FPR", 0.001),
+}
 
 
 @dataclass
@@ -308,6 +319,31 @@ def plot_client_boxes(groups, path: Path) -> bool:
     return _save(plt, fig, path, True)
 
 
+def plot_mia(groups, path: Path) -> bool:
+    """One panel per MIA metric: each group's final value over its completed seeds as a point
+    with a mean ± std error bar; a dashed line at chance. False if no run has one."""
+    finals = {
+        m: [[r.summary["metrics"].get(m) for r in g if r.completed] for g in groups.values()]
+        for m in MIA
+    }
+    present = [
+        m for m, per_group in finals.items() if any(v is not None for g in per_group for v in g)
+    ]
+    if not present:
+        return False
+    plt = _pyplot()
+    width = max(4, 1.2 * len(groups))
+    fig, axes = plt.subplots(1, len(present), figsize=(width * len(present), 4), squeeze=False)
+    for ax, metric in zip(axes[0], present):
+        (title, chance), stats = MIA[metric], [mean_std(v) for v in finals[metric]]
+        ax.errorbar(range(len(groups)), *zip(*stats), fmt="o", capsize=4, linestyle="none")
+        ax.axhline(chance, color="grey", linestyle="--", linewidth=1)
+        ax.set_xticks(range(len(groups)), list(groups), rotation=20, ha="right", fontsize=8)
+        ax.set(xlim=(-0.5, len(groups) - 0.5), ylabel=title, title=f"{title} (final)")
+        ax.grid(alpha=0.3, axis="y")
+    return _save(plt, fig, path, True)
+
+
 # ---- the report ----------------------------------------------------------------------------------
 def write_report(paths: Sequence[str | Path], out: str | Path) -> Path:
     """Write report.md and its PNGs into `out`; returns the path of report.md."""
@@ -331,13 +367,12 @@ def write_report(paths: Sequence[str | Path], out: str | Path) -> Path:
         "",
     ]
     gap = {"eval/group/gap": "best - worst client group accuracy"}
-    mia = {"privacy/mia_acc": "membership inference (0.5 = chance)"}
     sections = [
         ("Accuracy vs round", "acc_vs_round.png", plot_vs_round, (ACCURACY, "accuracy")),
         ("Client accuracy distribution", "client_acc_box.png", plot_client_boxes, ()),
         ("Accuracy vs cumulative communication", "acc_vs_comm.png", plot_acc_vs_comm, ()),
         ("Majority/minority gap", "group_gap.png", plot_vs_round, (gap, "accuracy gap")),
-        ("MIA accuracy", "mia_acc.png", plot_vs_round, (mia, "attack accuracy", 0.5)),
+        ("Membership inference", "mia_acc.png", plot_mia, ()),
     ]
     for title, filename, draw, extra in sections:
         if draw(groups, out / filename, *extra):

@@ -1,5 +1,6 @@
 """The audit around a run: it reads and restores only the audited clients' store entries, leaves
-torch's RNG as it found it, and trains shadows and targets with the data's batch transform."""
+torch's RNG as it found it, trains shadows and targets with the data's batch transform, reports
+every metric, and its attack does not collapse to one score on an overfit non-iid client."""
 
 from __future__ import annotations
 
@@ -7,12 +8,15 @@ import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
+import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from fedexp.core.types import RoundContext
-from fedexp.metrics.mia import rng_devices
+import fedexp.metrics.mia as mia
+from fedexp.core.types import ConfigError, RoundContext
+from fedexp.metrics.mia import METRICS, rng_devices
 from fedexp.run import Experiment
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,12 +69,13 @@ def test_audit_restores_only_its_clients_the_rng_and_uses_the_batch_transform(
 
     metrics = audit.on_evaluate(SimpleNamespace(algorithm=algorithm, rounds=1), state, 1)
 
-    assert 0.0 <= metrics["privacy/mia_acc"] <= 1.0
+    assert set(metrics) == set(METRICS)
+    assert all(0.0 <= v <= 1.0 for v in metrics.values())
     assert torch.equal(torch.get_rng_state(), rng_before)
     assert transformed, "shadows and targets train with data.batch_transform"
     monkeypatch.undo()
     after = store.state_dict()
-    assert sorted(after) == sorted(before)  # no shadow (ids 6, 7) left behind
+    assert sorted(after) == sorted(before)  # no shadow (ids 6 to 9) left behind
     for cid, value in before.items():
         assert torch.equal(after[cid], value)
 
@@ -96,3 +101,31 @@ def test_no_metric_where_the_algorithm_rebuilds_no_model(tmp_path, caplog):
 def test_the_forked_rng_is_the_training_devices():
     assert rng_devices(torch.device("cpu")) == []
     assert rng_devices(torch.device("cuda", 1)) == [1]  # what seed_global_rng reseeds
+
+
+def test_the_attack_scores_vary_on_clients_that_overfit_a_non_iid_shard(tmp_path, monkeypatch):
+    """Two-label shards, 30 local epochs on ~57 samples: targets far more confident than shadows
+    trained on the pool's ten-label mix. Those shadows' tree ensemble scored every target sample
+    alike (privacy/mia_acc exactly 0.5); shadows on the target's labels must not."""
+    torch.set_num_threads(1)
+    exp = experiment(tmp_path, "privacy=mia", "num_clients=20", "client.local_epochs=30")
+    assert exp.cfg.partition.name == "shards" and exp.cfg.privacy.attack_model == "gbdt"
+    algorithm, audit = exp.algorithm, exp.callbacks[0]
+    scored = []
+
+    def spy(members, non_members):
+        scored.append(np.concatenate([members, non_members]))
+        return membership_metrics(members, non_members)
+
+    membership_metrics = mia.membership_metrics
+    monkeypatch.setattr(mia, "membership_metrics", spy)
+    state = algorithm.init_state()
+    metrics = audit.on_evaluate(SimpleNamespace(algorithm=algorithm, rounds=1), state, 1)
+    assert len(scored) == 2  # both targets scored
+    assert all(len(np.unique(s)) >= 5 for s in scored), [len(np.unique(s)) for s in scored]
+    assert set(metrics) == set(METRICS)
+
+
+def test_an_unknown_shadow_data_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="privacy.shadow_data: must be one of"):
+        experiment(tmp_path, "privacy=mia", "privacy.shadow_data=public")

@@ -5,11 +5,24 @@ Threat model. The eavesdropper sees a round's broadcast and one client's upload,
 it can from them (`Algorithm.eavesdropped_model`: FedAvg's full local model, WAFFLe's dictionary
 without the client's factor selection b). It holds its own data from the task's distribution (the
 pooled server test set, which no client trains on) and knows the protocol, so its k shadow models
-are the algorithm's own client training, run from the same broadcast on a random half ("in") of a
-random subset of its data, and rebuilt from their uploads exactly as the target will be. An attack
-classifier learns in/out from the shadows' output vectors; it is then applied to the target's
-rebuilt model on a balanced set: m of the client's training samples (members) and m of its local
-test split (non-members, same distribution). `privacy/mia_acc` is its accuracy (0.5 = chance).
+are the algorithm's own client training, run from the same broadcast on an "in" set drawn from its
+data, and rebuilt from their uploads exactly as the target will be. As in Shokri et al., the
+shadows' data follows the target's training distribution: by default (`shadow_data: target`) each
+target gets its own k shadows whose disjoint in / out sets have the label histogram of that
+client's training set (under a non-iid split a client's model is far more confident than one
+trained on the pool's label mix; shadows on the pool's mix put every target feature outside the
+range the attack was fitted on, and a tree ensemble then scores them all alike). `shadow_data:
+pool` draws one set of shadows from the pool's own mix for all targets. An attack classifier learns
+in/out from the shadows' output vectors; its membership probability is the score of each of m of
+the client's training samples (members) and m of its local test split (non-members).
+
+Metrics, each the mean over the audited targets:
+  `privacy/mia_acc`: accuracy of "member iff score > 0.5" on the balanced set (0.5 = chance).
+  `privacy/mia_auc`: ROC AUC of the scores (0.5 = chance; ties count half).
+  `privacy/mia_tpr@1%fpr`, `privacy/mia_tpr@0.1%fpr`: TPR at a low FPR (Carlini et al., S&P 2022),
+  read off the ROC curve conservatively: the largest TPR among its points with FPR <= the target.
+  With m non-members the curve's FPR moves in steps of 1/m, so below 1/m this is the TPR at FPR 0
+  (members scored above every non-member): a lower bound the sample size cannot refine.
 
 The target's upload is produced by running that client's local training once more from the
 current global state (as in the next round). The store entries of the audited clients (targets
@@ -39,6 +52,9 @@ log = logging.getLogger(__name__)
 
 MIA_STREAM = 17  # seed-derivation tag of the audit's own randomness
 ATTACK_MODELS = ("gbdt", "logistic")
+SHADOW_DATA = ("target", "pool")
+LOW_FPRS = {"privacy/mia_tpr@1%fpr": 0.01, "privacy/mia_tpr@0.1%fpr": 0.001}
+METRICS = ("privacy/mia_acc", "privacy/mia_auc", *LOW_FPRS)
 
 
 @torch.no_grad()
@@ -68,11 +84,70 @@ def fit_attack(members: np.ndarray, non_members: np.ndarray, kind: str, seed: in
         return clf.fit(x, y)
 
 
+def membership_scores(attack, features: np.ndarray) -> np.ndarray:
+    """The attack's membership probability P(member | features), one per row."""
+    return attack.predict_proba(features)[:, list(attack.classes_).index(1.0)]
+
+
+def tpr_at_fpr(labels: np.ndarray, scores: np.ndarray, max_fpr: float) -> float:
+    """The largest TPR among the ROC curve's points with FPR <= `max_fpr` (no interpolation up:
+    a target below the curve's first FPR step gives the TPR at FPR 0)."""
+    from sklearn.metrics import roc_curve
+
+    fpr, tpr, _ = roc_curve(labels, scores, drop_intermediate=False)
+    return float(tpr[fpr <= max_fpr].max())  # (0, 0) is always on the curve
+
+
+def membership_metrics(members: np.ndarray, non_members: np.ndarray) -> dict[str, float]:
+    """Accuracy (threshold 0.5), ROC AUC and TPR at 1% / 0.1% FPR of membership scores.
+
+    Args:
+        members: scores of samples the model was trained on.
+        non_members: scores of samples it was not; the same count as `members` for the accuracy
+            to read as balanced (0.5 = chance).
+    """
+    from sklearn.metrics import roc_auc_score
+
+    if len(members) == 0 or len(non_members) == 0:
+        raise ValueError("membership metrics need at least one member and one non-member")
+    labels = np.r_[np.ones(len(members)), np.zeros(len(non_members))]
+    scores = np.r_[members, non_members].astype(float)
+    hits = (members > 0.5).sum() + (non_members <= 0.5).sum()
+    out = {
+        "privacy/mia_acc": float(hits / len(scores)),
+        "privacy/mia_auc": float(roc_auc_score(labels, scores)),
+    }
+    out.update({key: tpr_at_fpr(labels, scores, fpr) for key, fpr in LOW_FPRS.items()})
+    return out
+
+
 def attack_accuracy(attack, members: np.ndarray, non_members: np.ndarray) -> float:
-    """Accuracy of `attack` on a balanced member / non-member set."""
+    """Accuracy of `attack` on a balanced member / non-member set (features)."""
     m = min(len(members), len(non_members))
-    hits = (attack.predict(members[:m]) == 1).sum() + (attack.predict(non_members[:m]) == 0).sum()
-    return float(hits / (2 * m))
+    scores = [membership_scores(attack, f[:m]) for f in (members, non_members)]
+    return membership_metrics(*scores)["privacy/mia_acc"]
+
+
+def mimic_split(
+    rng: np.random.Generator, pool_y: np.ndarray, like_y: np.ndarray, cap: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Disjoint in / out index sets into the pool with the label histogram of `like_y` (at most
+    `cap` samples each, scaled down evenly where the pool holds too few of a label; labels the
+    pool holds fewer than two of are left out)."""
+    labels, counts = np.unique(like_y, return_counts=True)
+    have = np.array([(pool_y == c).sum() for c in labels])
+    keep = have >= 2
+    labels, counts, have = labels[keep], counts[keep], have[keep]
+    if not len(labels):
+        return np.array([], dtype=int), np.array([], dtype=int)
+    scale = min(1.0, cap / counts.sum(), float(np.min(have // 2 / counts)))
+    ins, outs = [], []
+    for c, n, h in zip(labels, counts, have):
+        k = int(min(max(1, round(n * scale)), h // 2))
+        idx = rng.permutation(np.flatnonzero(pool_y == c))
+        ins.append(idx[:k])
+        outs.append(idx[k : 2 * k])
+    return np.concatenate(ins), np.concatenate(outs)
 
 
 def snapshot(client_state):
@@ -88,7 +163,8 @@ def rng_devices(device: torch.device) -> list[int]:
 
 
 class MembershipInferenceAudit:
-    """An evaluation callback reporting `privacy/mia_acc` for the run's algorithm."""
+    """An evaluation callback reporting the `METRICS` of a shadow-model attack on the run's
+    algorithm (see the module docstring)."""
 
     def __init__(
         self,
@@ -98,6 +174,7 @@ class MembershipInferenceAudit:
         every: int = 0,
         max_samples: int = 1000,
         attack_model: str = "gbdt",
+        shadow_data: str = "target",
     ):
         checks = [
             (num_shadows >= 1, "num_shadows", f"must be >= 1, got {num_shadows}"),
@@ -105,6 +182,7 @@ class MembershipInferenceAudit:
             (every >= 0, "every", f"must be >= 0 (0: final evaluation only), got {every}"),
             (max_samples >= 2, "max_samples", f"must be >= 2, got {max_samples}"),
             (attack_model in ATTACK_MODELS, "attack_model", f"must be one of {ATTACK_MODELS}"),
+            (shadow_data in SHADOW_DATA, "shadow_data", f"must be one of {SHADOW_DATA}"),
         ]
         for ok, key, problem in checks:
             if not ok:
@@ -114,9 +192,18 @@ class MembershipInferenceAudit:
         self.ctx = ctx
         self.num_shadows, self.num_targets = num_shadows, min(num_targets, ctx.data.num_clients)
         self.every, self.max_samples, self.attack_model = every, max_samples, attack_model
+        self.shadow_data = shadow_data
 
     def due(self, round_idx: int, last_round: int) -> bool:
         return round_idx == last_round or (self.every > 0 and round_idx % self.every == 0)
+
+    def shadow_ids(self, target_index: int) -> list[int]:
+        """Client ids of a target's shadows: outside the federation, one set per target (a
+        single set shared by all targets with `shadow_data: pool`)."""
+        first = self.ctx.data.num_clients
+        if self.shadow_data == "target":
+            first += target_index * self.num_shadows
+        return [first + k for k in range(self.num_shadows)]
 
     def on_evaluate(self, orchestrator, state, round_idx: int) -> dict[str, float]:
         if not self.due(round_idx, orchestrator.rounds):
@@ -131,29 +218,29 @@ class MembershipInferenceAudit:
         rng = np.random.default_rng(derive_seed(self.ctx.seed, MIA_STREAM, round_idx))
         num_clients = self.ctx.data.num_clients
         targets = [int(c) for c in rng.permutation(num_clients)[: self.num_targets]]
-        shadow_ids = [num_clients + k for k in range(self.num_shadows)]  # outside the federation
+        shadows = sorted({s for t in range(len(targets)) for s in self.shadow_ids(t)})
         store = algorithm.store
         # local training below must not leak into the run: keep the entries it may touch
-        saved = {cid: snapshot(store.get(cid)) for cid in (*targets, *shadow_ids) if cid in store}
+        saved = {cid: snapshot(store.get(cid)) for cid in (*targets, *shadows) if cid in store}
         try:
             with torch.random.fork_rng(devices=rng_devices(algorithm.device)):
-                return self.audit(algorithm, state, round_idx, rng, targets, shadow_ids)
+                return self.audit(algorithm, state, round_idx, rng, targets, shadows)
         finally:
-            for cid in (*targets, *shadow_ids):
+            for cid in (*targets, *shadows):
                 if cid in saved:
                     store.put(cid, saved[cid])
                 else:
                     store.delete(cid)
 
     def audit(
-        self, algorithm, state, round_idx: int, rng, targets: list[int], shadow_ids: list[int]
+        self, algorithm, state, round_idx: int, rng, targets: list[int], shadows: list[int]
     ) -> dict[str, float]:
-        data, seed = self.ctx.data, self.ctx.seed
-        ctx = RoundContext(round_idx + 1, (*targets, *shadow_ids), seed)
+        data = self.ctx.data
+        ctx = RoundContext(round_idx + 1, (*targets, *shadows), self.ctx.seed)
         payloads = algorithm.configure_round(state, ctx)
         # targets first: a None rebuild ends the audit before any shadow trains
         target_features = []
-        for cid in targets:
+        for t, cid in enumerate(targets):
             x, y = data.train(cid)
             model = self.rebuilt(algorithm, cid, payloads[cid], x, y, round_idx)
             if model is None:
@@ -168,23 +255,56 @@ class MembershipInferenceAudit:
                 continue
             pick = torch.as_tensor(rng.permutation(len(y))[:m], device=y.device)
             members = attack_features(model, x[pick], y[pick])
-            target_features.append((members, attack_features(model, tx[:m], ty[:m])))
+            target_features.append((t, y, members, attack_features(model, tx[:m], ty[:m])))
         if not target_features:
             return {}
-        # shadows: the attacker's own data, split in / out at random
-        pool_x, pool_y = data.test_x, data.test_y
-        size = int(np.mean([data.num_train(c) for c in targets]))
-        size = max(1, min(size, self.max_samples, len(pool_y) // 2))
+        per_target, shared = [], None
+        for t, y, members, non_members in target_features:
+            if self.shadow_data == "target":
+                attack = self.train_attack(algorithm, payloads, rng, t, y, round_idx)
+            else:
+                if shared is None:
+                    size = int(np.mean([data.num_train(c) for c in targets]))
+                    shared = self.train_attack(algorithm, payloads, rng, t, None, round_idx, size)
+                attack = shared
+            if attack is None:
+                continue
+            scores = [membership_scores(attack, f) for f in (members, non_members)]
+            if np.ptp(np.concatenate(scores)) == 0:
+                log.warning(
+                    "privacy=mia: the attack scores all of a target's samples alike (its features "
+                    "lie outside what the shadows showed): chance metrics by construction"
+                )
+            per_target.append(membership_metrics(*scores))
+        if not per_target:
+            return {}
+        return {key: float(np.mean([r[key] for r in per_target])) for key in METRICS}
+
+    def train_attack(
+        self, algorithm, payloads, rng, target_index: int, like_y, round_idx: int, size: int = 0
+    ):
+        """Train the shadows of one target (in / out sets with the label histogram of `like_y`,
+        or uniform draws of `size` from the pool where `like_y` is None) and fit the attack on
+        their features; None where the pool cannot supply a shadow."""
+        pool_x, pool_y = self.ctx.data.test_x, self.ctx.data.test_y
+        labels = pool_y.cpu().numpy()
         ins, outs = [], []
-        for sid in shadow_ids:
-            perm = torch.as_tensor(rng.permutation(len(pool_y)), device=pool_y.device)
-            i, o = perm[:size], perm[size : 2 * size]
+        for sid in self.shadow_ids(target_index):
+            if like_y is None:
+                n = max(1, min(size, self.max_samples, len(labels) // 2))
+                perm = rng.permutation(len(labels))
+                i, o = perm[:n], perm[n : 2 * n]
+            else:
+                i, o = mimic_split(rng, labels, like_y.cpu().numpy(), self.max_samples)
+            if len(i) == 0:
+                log.warning("privacy=mia: the pool holds too few samples of the target's labels")
+                return None
+            i, o = (torch.as_tensor(v, device=pool_y.device) for v in (i, o))
             model = self.rebuilt(algorithm, sid, payloads[sid], pool_x[i], pool_y[i], round_idx)
             ins.append(attack_features(model, pool_x[i], pool_y[i]))
             outs.append(attack_features(model, pool_x[o], pool_y[o]))
-        attack = fit_attack(np.concatenate(ins), np.concatenate(outs), self.attack_model, seed)
-        accs = [attack_accuracy(attack, members, non) for members, non in target_features]
-        return {"privacy/mia_acc": float(np.mean(accs))}
+        ins, outs = np.concatenate(ins), np.concatenate(outs)
+        return fit_attack(ins, outs, self.attack_model, self.ctx.seed)
 
     def rebuilt(
         self, algorithm, client_id: int, payload: Message, x, y, round_idx: int

@@ -1,0 +1,69 @@
+"""Membership metrics on hand-computable scores, and the shadows' label-matched in / out sets."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedexp.metrics.mia import METRICS, membership_metrics, mimic_split, tpr_at_fpr
+
+
+def test_perfectly_separated_scores_are_a_perfect_attack():
+    got = membership_metrics(np.array([0.9, 0.8]), np.array([0.1, 0.2]))
+    assert got == {key: 1.0 for key in METRICS}
+
+
+def test_identical_scores_are_chance_and_find_no_member_at_low_fpr():
+    got = membership_metrics(np.full(4, 0.7), np.full(4, 0.7))
+    # all above 0.5: every member right, every non-member wrong
+    assert got["privacy/mia_acc"] == 0.5
+    assert got["privacy/mia_auc"] == 0.5
+    # the ROC curve is (0, 0) -> (1, 1): no threshold has FPR below 1
+    assert got["privacy/mia_tpr@1%fpr"] == 0.0 and got["privacy/mia_tpr@0.1%fpr"] == 0.0
+
+
+def test_a_small_hand_example():
+    members, non_members = np.array([0.9, 0.6, 0.4]), np.array([0.7, 0.3, 0.2])
+    got = membership_metrics(members, non_members)
+    # member > non-member in 3 + 2 + 2 of 9 pairs
+    assert got["privacy/mia_auc"] == pytest.approx(7 / 9, abs=1e-12)
+    # > 0.5: members 0.9, 0.6 right; <= 0.5: non-members 0.3, 0.2 right
+    assert got["privacy/mia_acc"] == pytest.approx(4 / 6, abs=1e-12)
+    # above 0.7 only the member 0.9 (FPR 0); the next threshold already costs FPR 1/3
+    assert got["privacy/mia_tpr@1%fpr"] == pytest.approx(1 / 3, abs=1e-12)
+    assert got["privacy/mia_tpr@0.1%fpr"] == pytest.approx(1 / 3, abs=1e-12)
+    labels, scores = np.r_[1, 1, 1, 0, 0, 0], np.r_[members, non_members]
+    # conservative: the largest TPR among the points with FPR <= the target, never interpolated
+    # (descending: 0.9 m, 0.7 n, 0.6 m, 0.4 m, 0.3 n, 0.2 n; at 0.4 TPR 1, FPR 1/3)
+    assert tpr_at_fpr(labels, scores, 0.33) == pytest.approx(1 / 3, abs=1e-12)
+    assert tpr_at_fpr(labels, scores, 1 / 3) == 1.0
+    assert tpr_at_fpr(labels, scores, 0.0) == pytest.approx(1 / 3, abs=1e-12)
+
+
+def test_tied_scores_count_half_in_the_auc():
+    got = membership_metrics(np.array([0.8, 0.5]), np.array([0.5, 0.1]))
+    assert got["privacy/mia_auc"] == pytest.approx(3.5 / 4, abs=1e-12)
+    assert got["privacy/mia_acc"] == pytest.approx(3 / 4, abs=1e-12)  # 0.5 is not > 0.5
+
+
+def test_empty_sets_are_refused():
+    with pytest.raises(ValueError, match="at least one member"):
+        membership_metrics(np.array([]), np.array([0.3]))
+
+
+def test_shadow_sets_follow_the_targets_label_histogram():
+    pool = np.array([0] * 10 + [1] * 4 + [2] * 10)
+    ins, outs = mimic_split(np.random.default_rng(0), pool, np.array([0, 0, 1]), cap=100)
+    assert sorted(pool[ins]) == [0, 0, 1] and sorted(pool[outs]) == [0, 0, 1]
+    assert not set(ins) & set(outs)
+    # 8 + 8 wanted; label 1 has 4 in the pool (2 in, 2 out): both labels scale to 2
+    ins, outs = mimic_split(np.random.default_rng(0), pool, np.array([0] * 8 + [1] * 8), cap=100)
+    assert sorted(pool[ins]) == [0, 0, 1, 1] and sorted(pool[outs]) == [0, 0, 1, 1]
+    # the cap scales evenly: 4 : 2 of 6 -> 2 : 1 of 3
+    ins, _ = mimic_split(np.random.default_rng(0), pool, np.array([0] * 4 + [2] * 2), cap=3)
+    assert sorted(pool[ins]) == [0, 0, 2]
+    # a label the pool lacks is left out; none at all: empty sets
+    ins, _ = mimic_split(np.random.default_rng(0), pool, np.array([0, 7]), cap=100)
+    assert sorted(pool[ins]) == [0]
+    ins, outs = mimic_split(np.random.default_rng(0), pool, np.array([7]), cap=100)
+    assert len(ins) == len(outs) == 0
