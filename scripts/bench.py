@@ -4,6 +4,8 @@
     python scripts/bench.py --workload digits        # issue 2's fixed FedAvg workload
     python scripts/bench.py --workload pfl-cifar10 --full --device cuda \\
         --executors sequential,vectorized             # the full pfl-research workload on a GPU
+    python scripts/bench.py --workload threads       # threads=auto vs every fixed thread count,
+                                                     # idle and under a background load
 
 Each workload runs through fedexp's real path (config composed by Hydra, `Experiment` building
 data, model, algorithm and executor, `Orchestrator` driving the rounds, evaluation only where the
@@ -97,9 +99,10 @@ def random_images(
     )
 
 
-def fedexp_config(w: Workload, executor: str, device: str, cache_dir: str):
+def fedexp_config(w: Workload, executor: str, device: str, cache_dir: str, threads="auto"):
     """The run's config, composed by Hydra from conf/ exactly as the CLI would."""
     overrides = [
+        f"threads={threads}",
         f"model={w.model}",
         f"executor={executor}",
         f"device={device}",
@@ -269,9 +272,11 @@ def bench_workload(
     cache: str,
     warmup: int = 1,
     plain: bool = True,
+    threads="auto",
 ) -> dict:
     exps = {
-        e: Experiment(fedexp_config(w, e, device, cache), tempfile.mkdtemp()) for e in executors
+        e: Experiment(fedexp_config(w, e, device, cache, threads), tempfile.mkdtemp())
+        for e in executors
     }
     first = exps[executors[0]]
     init = first.algorithm.init_state().params.clone()
@@ -338,7 +343,7 @@ def report(r: dict, executors: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workload", default="all", choices=["all", *WORKLOADS])
+    parser.add_argument("--workload", default="all", choices=["all", "threads", *WORKLOADS])
     parser.add_argument("--full", action="store_true", help="the full size named in issue 7")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--executors", default="sequential", help="comma list of fedexp executors")
@@ -347,14 +352,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--no-plain", action="store_true", help="skip the plain PyTorch loop")
     parser.add_argument("--rounds", type=int, default=None, help="override the workload's rounds")
     parser.add_argument(
-        "--threads", type=int, default=1, help="torch CPU threads (1: tiny ops do not pay for 2)"
+        "--threads", default="auto", help="fedexp's `threads` setting (auto or an integer)"
     )
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
     executors = args.executors.split(",")
-    torch.set_num_threads(args.threads)
+    if args.workload == "threads":
+        from bench_threads import bench_threads
+
+        return bench_threads(args.reps, args.json)
+    threads = args.threads if args.threads == "auto" else int(args.threads)
     names = list(WORKLOADS) if args.workload == "all" else [args.workload]
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}")
+    print(f"torch {torch.__version__}, threads={threads}, device {args.device}")
     results = []
     with tempfile.TemporaryDirectory() as cache:
         for name in names:
@@ -363,7 +372,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             if args.rounds is not None:
                 w = replace(w, rounds=args.rounds, eval_every=min(w.eval_every, args.rounds))
             r = bench_workload(
-                w, executors, args.device, args.reps, cache, args.warmup, not args.no_plain
+                w, executors, args.device, args.reps, cache, args.warmup, not args.no_plain, threads
             )
             report(r, executors)
             results.append(r)

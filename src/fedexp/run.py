@@ -29,6 +29,7 @@ from fedexp.core.client import OPTIMIZERS
 from fedexp.core.client_store import ClientStore
 from fedexp.core.config import build
 from fedexp.core.orchestrator import Orchestrator
+from fedexp.core.threads import apply_threads
 from fedexp.core.types import ConfigError, Diverged
 from fedexp.core.validation import validate_config, validate_data
 from fedexp.data.federated import FederatedData
@@ -255,6 +256,8 @@ class Experiment:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.device = resolve_device(cfg.device)
+        self.threads, why = apply_threads(cfg.get("threads", "auto"), self.device)
+        log.info("threads: %d (%s)", self.threads, why)
         self.checkpoint = (
             load_checkpoint(self.run_dir / CHECKPOINT_FILE, config_hash(cfg), self.device)
             if resume
@@ -376,6 +379,7 @@ class Experiment:
         wall = time.perf_counter() - start
         final = {k: v for k, v in orch.last_eval.items() if not k.startswith("time/")}
         final.update(self.data.coverage)
+        final["runtime/threads"] = self.threads
         summary = {
             "status": status,
             "rounds_completed": orch.round if status != "diverged" else (diverged_round or 1) - 1,
