@@ -57,6 +57,24 @@ BAD_CONFIGS: list[tuple[tuple[str, ...], str]] = [
     (("dataset.foo=1",), "dataset.foo: not an option of fedexp.data.datasets.load_digits"),
     (("attack=scaling", "attack.factr=2"), "attack.factr: not an option of"),
     (("client.lrr=0.1",), "client.lrr: no such key in the config"),
+    # types and ranges, before anything is written (an int is not a bool or a float)
+    (("rounds=abc",), "rounds: must be an int, got 'abc'"),
+    (("rounds=2.5",), "rounds: must be an int, got 2.5"),
+    (("rounds=null",), "rounds: must be an int, got None"),
+    (("rounds=true",), "rounds: must be an int, got True"),
+    (("num_clients=6.0",), "num_clients: must be an int, got 6.0"),
+    (("client.lr=fast",), "client.lr: must be a number, got 'fast'"),
+    (("client.batch_size=1.5",), "client.batch_size: must be an int, got 1.5"),
+    (("algorithm=fedprox", "algorithm.mu=abc"), "algorithm.mu: must be a number, got 'abc'"),
+    (("seed=-1",), "seed: must be >= 0, got -1"),
+    (("client.momentum=-1",), "client.momentum: must be >= 0, got -1"),
+    (("client.weight_decay=-1",), "client.weight_decay: must be >= 0, got -1"),
+    (("client.local_epochs=0",), "client.local_epochs: must be >= 1, got 0"),
+    (("partition.classes_per_client=0",), "partition.classes_per_client: must be >= 1, got 0"),
+    (("partition.classes_per_client=two",), "partition.classes_per_client: must be an int"),
+    (("progress=maybe",), "progress: must be true or false, got 'maybe'"),
+    (("model.hidden=[64,x]",), "model.hidden: must be a list of ints, got [64, 'x']"),
+    (("attack=scaling", "attack.factor=big"), "attack.factor: must be a number, got 'big'"),
 ]
 
 
