@@ -19,6 +19,7 @@ from fedexp.core.checkpoint import (
     CHECKPOINT_FILE,
     Checkpointer,
     Interrupted,
+    check_resumed_data,
     config_hash,
     load_checkpoint,
     restore_logger,
@@ -142,6 +143,7 @@ class Experiment:
         )
         torch.manual_seed(cfg.seed)
         self.data = build_data(cfg, self.device)
+        check_resumed_data(self.checkpoint, self.data)  # the same data as the checkpoint's
         validate_data(cfg, self.data)  # checks that need data facts (input shape, classes)
         factory = build(cfg.model, "model")
         # a model factory takes (input_shape, num_classes, **dataset.model_kwargs); a model
