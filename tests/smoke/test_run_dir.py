@@ -188,16 +188,16 @@ def test_parallel_jobs_survive_a_refused_job_and_a_live_run_keeps_its_dir(tmp_pa
     env["PYTHONPATH"] = os.pathsep.join([str(smoke.parents[1] / "src"), str(smoke)])
     fedexp = [sys.executable, "-m", "fedexp", "debug=smoke"]
     run = dict(cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    sweep = ["-m", "hydra/launcher=parallel", "client.lr=0.05,-1", "hydra.sweep.dir=sweep"]
-    proc = subprocess.run([*fedexp, "rounds=1", *sweep], **run)
+    sweep = ["hydra/launcher=parallel", "client.lr=0.05,-1", "hydra.sweep.dir=sweep"]
+    proc = subprocess.run([*fedexp[:3], "-m", *fedexp[3:], "rounds=1", *sweep], **run)
     assert proc.returncode == 2, proc.stderr
     assert [summary(tmp_path / "sweep" / j)["status"] for j in "01"] == [
         "completed",
         "config_error",
     ]
-    slow = ["attack._target_=slow_attack.SleepEachRound", "+attack.seconds=0.5"]
+    slow = ["attack._target_=slow_attack.SleepEachRound", "+attack.seconds=2"]
     live = subprocess.Popen(
-        [*fedexp, "rounds=6", "eval_every=1", "checkpoint_every=1", *slow, "hydra.run.dir=live"],
+        [*fedexp, "rounds=40", "eval_every=1", "checkpoint_every=1", *slow, "hydra.run.dir=live"],
         cwd=tmp_path,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -208,11 +208,16 @@ def test_parallel_jobs_survive_a_refused_job_and_a_live_run_keeps_its_dir(tmp_pa
     while time.monotonic() < deadline and not (log.exists() and log.read_text().count("\n")):
         time.sleep(0.05)
     config = (tmp_path / "live" / ".hydra" / "config.yaml").read_text()
-    second = subprocess.run([*fedexp, "rounds=2", "hydra.run.dir=live"], **run)
-    resumed = subprocess.run([sys.executable, "-m", "fedexp", "resume=live"], **run)
+    pipes = dict(cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    others = [
+        subprocess.Popen([*fedexp, "rounds=2", "hydra.run.dir=live"], **pipes),
+        subprocess.Popen([sys.executable, "-m", "fedexp", "resume=live"], **pipes),
+    ]
+    errors = [p.communicate(timeout=600)[1] for p in others]
+    assert live.poll() is None, "the live run ended before the second writers were refused"
+    assert [p.returncode for p in others] == [2, 2], errors
+    assert all("another fedexp process" in err for err in errors), errors
     assert live.wait(timeout=600) == 0
-    assert second.returncode == 2 and "another fedexp process" in second.stderr
-    assert resumed.returncode == 2 and "another fedexp process" in resumed.stderr
     rounds = [json.loads(line)["round"] for line in log.read_text().splitlines()]
-    assert rounds == [1, 2, 3, 4, 5, 6]
+    assert rounds == list(range(1, 41))  # every round once: no interleaved writer
     assert (tmp_path / "live" / ".hydra" / "config.yaml").read_text() == config
