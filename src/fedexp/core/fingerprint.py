@@ -71,7 +71,7 @@ def first_difference(mine: Any, theirs: Any, prefix: str = "") -> str | None:
 
 def data_digest(data: Any) -> str:
     """sha1 of the built `FederatedData`: train labels, a sample of train inputs, test labels and
-    the client partition (train and test indices of every client)."""
+    the client partition (train, test and validation indices of every client)."""
     h = hashlib.sha1()
 
     def add(array: Any) -> None:
@@ -87,7 +87,8 @@ def data_digest(data: Any) -> str:
     add(ds.train_x[::step][:INPUT_SAMPLE])
     if ds.test_y is not None:
         add(ds.test_y)
-    for split in (data.partition.train, data.partition.test):
-        for indices in split:
+    splits = (data.partition.train, data.partition.test, getattr(data.partition, "val", None))
+    for split in splits:
+        for indices in split or ():
             add(np.asarray(indices, dtype=np.int64))
     return h.hexdigest()
