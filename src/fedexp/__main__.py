@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import shutil
 import signal
@@ -107,7 +108,28 @@ def execute(
     group: str | None,
     resume: bool = False,
 ) -> float | None:
-    """Build, run and report one job; returns the `objective` metric (None if diverged)."""
+    """Build, run and report one job; returns the `objective` metric (None if diverged or, in
+    a multirun, refused). The run holds its run dir's lock until it returns."""
+    from fedexp.core import run_dir as rundir
+
+    try:
+        rundir.claim(run_dir, fresh=not resume)
+    except ConfigError as err:
+        if multirun:  # the dir belongs to another run: fail this job, write nothing there
+            raise
+        rundir.refuse(err)
+    spill = own_spill_dir(cfg, run_dir)
+    try:
+        return _execute(cfg, run_dir, choices, multirun=multirun, group=group, resume=resume)
+    finally:
+        if spill is not None:
+            shutil.rmtree(spill, ignore_errors=True)
+        rundir.release(run_dir)
+
+
+def _execute(
+    cfg: DictConfig, run_dir: Path, choices: dict, *, multirun: bool, group, resume: bool
+) -> float | None:
     from fedexp.run import Experiment
 
     try:
@@ -118,9 +140,14 @@ def execute(
         ]
     except ConfigError as err:
         print(f"fedexp: error: {err}", file=sys.stderr)
+        if multirun:  # this job fails; the sweep goes on with the others
+            record_config_error(err, cfg, run_dir, choices)
+            return None
         logging.shutdown()
-        if not multirun and not resume:
-            shutil.rmtree(run_dir, ignore_errors=True)  # nothing half-written
+        if not resume:
+            from fedexp.core.run_dir import discard
+
+            discard(run_dir)  # nothing half-written; a dir that existed keeps its old entries
         sys.exit(EXIT_CONFIG)
     from fedexp.core.distributed import is_output_rank
 
@@ -159,9 +186,44 @@ def execute(
     return objective
 
 
+def record_config_error(err: ConfigError, cfg: DictConfig, run_dir: Path, choices: dict) -> None:
+    """summary.json of a sweep job whose config was refused: `status: config_error`."""
+    from fedexp.loggers.files import RunRecorder
+
+    logging.getLogger(__name__).error("config error: %s", err)
+    try:
+        config = OmegaConf.to_container(cfg, resolve=True)
+    except Exception:  # the refusal may be about a value that does not resolve
+        config = OmegaConf.to_container(cfg, resolve=False)
+    RunRecorder(run_dir).write_summary(
+        {
+            "status": "config_error",
+            "error": str(err),
+            "rounds_completed": 0,
+            "metrics": {},
+            "choices": choices,
+            "config": config,
+        }
+    )
+
+
+def own_spill_dir(cfg: DictConfig, run_dir: Path) -> Path | None:
+    """Point `client_store.spill_dir` at a subdirectory of its own for this run (parallel jobs
+    may share the configured dir); returns it, to be removed when the run ends."""
+    store = cfg.get("client_store")
+    root = store.get("spill_dir") if store is not None else None
+    if not root:
+        return None
+    tag = hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:10]
+    own = Path(str(root)) / f"{Path(run_dir).name}-{tag}"
+    cfg.client_store.spill_dir = str(own)
+    return own
+
+
 def resume_main(args: list[str]) -> None:
     """`python -m fedexp resume=<run dir> [device=... progress=... checkpoint_every=...]`."""
     from fedexp.core.checkpoint import load_run_config
+    from fedexp.core.run_dir import claim, refuse
 
     run_dir, overrides = None, []
     for arg in args:
@@ -174,9 +236,9 @@ def resume_main(args: list[str]) -> None:
         if "-m" in overrides or "--multirun" in overrides:
             raise ConfigError("resume: resume one run dir at a time (no -m)")
         cfg, choices, group = load_run_config(run_dir, overrides)
+        claim(run_dir, fresh=False, key="resume")  # before the log below writes into it
     except ConfigError as err:
-        print(f"fedexp: error: {err}", file=sys.stderr)
-        sys.exit(EXIT_CONFIG)
+        refuse(err)
     # the log Hydra started in the run dir goes on; Hydra itself is not involved in a resume
     logging.basicConfig(
         level=logging.INFO,
@@ -213,7 +275,12 @@ def main() -> None:
         except ConfigError as err:
             print(f"fedexp: error: {err}", file=sys.stderr)
             sys.exit(EXIT_CONFIG)
+        from fedexp.core import run_dir
+
+        run_dir.sweep_exit_code = 0
         app()
+        if run_dir.sweep_exit_code:  # a job of the sweep was refused; the others ran
+            sys.exit(run_dir.sweep_exit_code)
 
 
 if __name__ == "__main__":

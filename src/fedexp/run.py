@@ -20,6 +20,7 @@ from fedexp.core.checkpoint import (
     CHECKPOINT_FILE,
     Checkpointer,
     Interrupted,
+    check_resumed_data,
     config_hash,
     load_checkpoint,
     restore_logger,
@@ -41,26 +42,17 @@ log = logging.getLogger(__name__)
 
 
 def validate(cfg: DictConfig) -> None:
-    """Scalar checks that need no data; each failure is one line naming the key."""
+    """Checks that need no data: types and ranges first (`check_types`: the run scalars, and
+    every component's options against its target's annotations), then the relations between
+    scalars; each failure is one line naming the key."""
+    from fedexp.core.validation import check_types
+
+    check_types(cfg)
     checks = [
-        (cfg.rounds >= 1, "rounds", f"must be >= 1, got {cfg.rounds}"),
-        (cfg.num_clients >= 1, "num_clients", f"must be >= 1, got {cfg.num_clients}"),
         (
-            1 <= cfg.clients_per_round <= cfg.num_clients,
+            cfg.clients_per_round <= cfg.num_clients,
             "clients_per_round",
             f"must be in [1, num_clients={cfg.num_clients}], got {cfg.clients_per_round}",
-        ),
-        (cfg.eval_every >= 1, "eval_every", f"must be >= 1, got {cfg.eval_every}"),
-        (cfg.client.lr > 0, "client.lr", f"must be > 0, got {cfg.client.lr}"),
-        (
-            cfg.client.local_epochs >= 0,
-            "client.local_epochs",
-            f"must be >= 0, got {cfg.client.local_epochs}",
-        ),
-        (
-            cfg.client.batch_size >= 1,
-            "client.batch_size",
-            f"must be >= 1, got {cfg.client.batch_size}",
         ),
         (
             cfg.client.optimizer in OPTIMIZERS,
@@ -265,6 +257,7 @@ class Experiment:
         )
         torch.manual_seed(cfg.seed)
         self.data = build_data(cfg, self.device)
+        check_resumed_data(self.checkpoint, self.data)  # the same data as the checkpoint's
         validate_data(cfg, self.data)  # checks that need data facts (input shape, classes)
         factory = build(cfg.model, "model")
         # a model factory takes (input_shape, num_classes, **dataset.model_kwargs); a model

@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 
 from conftest import main_in_process
 from fedexp.core.checkpoint import CHECKPOINT_FILE
+from fedexp.core.run_dir import LOCK_FILE
 from fedexp.core.types import ConfigError
 from fedexp.loggers.files import CSVLogger
 
@@ -75,6 +76,34 @@ def test_a_checkpoint_of_another_config_is_refused(compose_cfg, lifecycle, tmp_p
     with pytest.raises(ConfigError, match="config hash mismatch") as err:
         lifecycle.run(other, tmp_path / "reference", resume=True)
     assert "\n" not in str(err.value)
+    assert "client.lr is 0.1 now, 0.05 in the checkpoint" in str(err.value)
+
+
+def test_a_resume_under_another_data_dir_is_refused(compose_cfg, lifecycle, tmp_path, monkeypatch):
+    # .hydra/config.yaml keeps ${oc.env:FEDEXP_DATA_DIR,...}: it resolves anew in a resume
+    cfg = compose_cfg(*BASE)
+    run_dir = tmp_path / "run"
+    lifecycle.run(cfg, run_dir, callbacks=[lifecycle.SignalAfter(1)])
+    monkeypatch.setenv("FEDEXP_DATA_DIR", str(tmp_path / "other-data"))
+    with pytest.raises(ConfigError, match="config hash mismatch: paths.data_root is") as err:
+        lifecycle.run(cfg, run_dir, resume=True)
+    assert str(tmp_path / "other-data") in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_resume_on_other_data_is_refused(compose_cfg, lifecycle, tmp_path):
+    # same config, other data (a file rewritten in place): the checkpoint's data digest differs
+    cfg = compose_cfg(*BASE)
+    run_dir = tmp_path / "run"
+    lifecycle.run(cfg, run_dir, callbacks=[lifecycle.SignalAfter(1)])
+    path = run_dir / CHECKPOINT_FILE
+    payload = torch.load(path, weights_only=True)
+    assert len(payload["data_digest"]) == 40
+    payload["data_digest"] = "0" * 40
+    torch.save(payload, path)
+    rows = lifecycle.rows(run_dir)
+    with pytest.raises(ConfigError, match="resume: the data differs from the data the checkpoint"):
+        lifecycle.run(cfg, run_dir, resume=True)
+    assert lifecycle.rows(run_dir) == rows  # refused before anything is written
 
 
 def test_the_wandb_run_id_survives_a_resume(compose_cfg, lifecycle, tmp_path, monkeypatch):
@@ -149,7 +178,11 @@ def test_a_bad_resume_is_one_line_and_leaves_the_run_dir_alone(
     code, err = cli_main(monkeypatch, capsys, f"resume={run_dir}", *args)
     assert code == 2
     assert err.startswith("fedexp: error: ") and err.count("\n") == 1 and expected in err
-    after = {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir() if p.name != "__main__.log"}
+    after = {
+        p.name: p.stat().st_mtime_ns
+        for p in run_dir.iterdir()
+        if p.name not in ("__main__.log", LOCK_FILE)  # the lock is taken before the log is opened
+    }
     assert after == before  # nothing removed, nothing rewritten
 
 

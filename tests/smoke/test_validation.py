@@ -57,6 +57,38 @@ BAD_CONFIGS: list[tuple[tuple[str, ...], str]] = [
     (("dataset.foo=1",), "dataset.foo: not an option of fedexp.data.datasets.load_digits"),
     (("attack=scaling", "attack.factr=2"), "attack.factr: not an option of"),
     (("client.lrr=0.1",), "client.lrr: no such key in the config"),
+    # types and ranges, before anything is written (an int is not a bool or a float)
+    (("rounds=abc",), "rounds: must be an int, got 'abc'"),
+    (("rounds=2.5",), "rounds: must be an int, got 2.5"),
+    (("rounds=null",), "rounds: must be an int, got None"),
+    (("rounds=true",), "rounds: must be an int, got True"),
+    (("num_clients=6.0",), "num_clients: must be an int, got 6.0"),
+    (("client.lr=fast",), "client.lr: must be a number, got 'fast'"),
+    (("client.batch_size=1.5",), "client.batch_size: must be an int, got 1.5"),
+    (("algorithm=fedprox", "algorithm.mu=abc"), "algorithm.mu: must be a number, got 'abc'"),
+    (("seed=-1",), "seed: must be >= 0, got -1"),
+    (("client.momentum=-1",), "client.momentum: must be >= 0, got -1"),
+    (("client.weight_decay=-1",), "client.weight_decay: must be >= 0, got -1"),
+    (("client.local_epochs=0",), "client.local_epochs: must be >= 1, got 0"),
+    (("partition.classes_per_client=0",), "partition.classes_per_client: must be >= 1, got 0"),
+    (("partition.classes_per_client=two",), "partition.classes_per_client: must be an int"),
+    (("progress=maybe",), "progress: must be true or false, got 'maybe'"),
+    (("model.hidden=[64,x]",), "model.hidden: must be a list of ints, got [64, 'x']"),
+    (("attack=scaling", "attack.factor=big"), "attack.factor: must be a number, got 'big'"),
+    # robust aggregators' options that no round of clients_per_round=3 uploads can honour
+    (
+        ("aggregator=trimmed_mean", "aggregator.beta=2"),
+        "aggregator.beta: 2 trims 2 per side, leaving nothing of the 3 uploads of a round",
+    ),
+    (
+        ("aggregator=multikrum", "aggregator.f=1"),
+        "aggregator.f: 1 means 1 malicious of the 3 uploads of a round (clients_per_round=3); "
+        "Multi-Krum needs clients_per_round > 2f + 2",
+    ),
+    (
+        ("aggregator=multikrum", "aggregator.f=0", "aggregator.num_selected=4"),
+        "aggregator.num_selected: 4 > the 3 uploads of a round",
+    ),
 ]
 
 
@@ -157,3 +189,53 @@ def test_a_registered_rule_runs_on_every_config(monkeypatch):
 
     with pytest.raises(ConfigError, match="rounds: not 3"):
         validate_config(config_with())
+
+
+# ---- what is capped or rounded at run time is said once ----------------------------------------
+def test_a_cap_that_only_some_rounds_hit_is_a_warning_once(caplog):
+    import torch
+
+    from fedexp.aggregators import _warned
+    from fedexp.aggregators.multikrum import multikrum
+    from fedexp.aggregators.trimmed_mean import trimmed_mean
+
+    _warned.clear()
+    updates = torch.tensor([[1.0], [2.0], [9.0]])
+    weights = torch.ones(3)
+    with caplog.at_level("WARNING"):
+        # beta=known with 2 malicious of 3: trimming 2 per side leaves nothing; 1 is trimmed
+        assert trimmed_mean(updates, weights, num_malicious=2).item() == 2.0
+        assert trimmed_mean(updates, weights, num_malicious=2).item() == 2.0
+        assert trimmed_mean(updates, weights, num_malicious=1).item() == 2.0
+        multikrum(updates, weights, num_malicious=1)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("aggregator.beta: trimming 2 per side of 3 uploads")
+    assert lines[1].startswith("aggregator.f: 1 of 3 uploads is more than Multi-Krum allows")
+
+
+@pytest.mark.parametrize(
+    ("fraction", "num_clients", "malicious", "warned"),
+    [(0.05, 6, 0, True), (0.2, 6, 1, True), (0.2, 10, 2, False), (0.3, 10, 3, False)],
+)
+def test_an_attack_says_when_its_fraction_rounds_and_logs_the_realised_one(
+    caplog, fraction, num_clients, malicious, warned
+):
+    from types import SimpleNamespace
+
+    from fedexp.attacks.transform import Scaling
+
+    attack = Scaling(fraction=fraction)
+    with caplog.at_level("WARNING"):
+        attack.setup(SimpleNamespace(seed=0), num_clients)
+    assert len(attack.malicious) == malicious
+    assert attack.round_metrics([])["attack/fraction"] == malicious / num_clients
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == (
+        [
+            f"attack.fraction: {fraction} of {num_clients} clients makes {malicious} malicious "
+            f"(realised fraction {malicious / num_clients:.4g})"
+        ]
+        if warned
+        else []
+    )

@@ -98,7 +98,7 @@ def test_the_config_hash_ignores_keys_that_do_not_change_results(tmp_path):
     assert config_hash(cfg) == config_hash(same)
     assert config_hash(cfg) != config_hash(dict(cfg, seed=1))
     path = tmp_path / "checkpoint.pt"
-    save_checkpoint(path, payload(config_hash=config_hash(dict(cfg, seed=9))))
+    save_checkpoint(path, payload(config_hash=str(config_hash(dict(cfg, seed=9)))))
     with pytest.raises(ConfigError, match="config hash mismatch"):
         load_checkpoint(path, expected_hash=config_hash(cfg))
 
@@ -130,3 +130,78 @@ def test_rng_streams_continue_exactly_after_a_restore():
     assert torch.equal(first[0], again[0])
     assert np.array_equal(first[1], again[1]) and first[2] == again[2]
     check_saveable(saved)  # and the RNG state itself fits in a weights-only checkpoint
+
+
+# ---- what a resume must agree with: the resolved config and the data -----------------------------
+def test_the_config_hash_is_taken_on_the_resolved_config(monkeypatch):
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create(
+        {
+            "seed": 0,
+            "paths": {"data_root": "${oc.env:FX_DATA,/a}", "cache_dir": "${oc.env:FX_CACHE,/c}"},
+            "dataset": {"data_dir": "${paths.data_root}/digits"},
+        }
+    )
+    monkeypatch.setenv("FX_DATA", "/a")
+    saved = config_hash(cfg)
+    monkeypatch.setenv("FX_CACHE", "/elsewhere")  # a cache holds nothing a result depends on
+    assert config_hash(cfg) == saved
+    monkeypatch.setenv("FX_DATA", "/b")
+    now = config_hash(cfg)
+    assert now != saved
+    assert now.stable["dataset"]["data_dir"] == "/b/digits"
+
+
+def test_a_mismatch_names_the_first_key_that_differs(tmp_path, monkeypatch):
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"seed": 0, "paths": {"data_root": "${oc.env:FX_DATA,/a}"}})
+    monkeypatch.setenv("FX_DATA", "/a")
+    saved = config_hash(cfg)
+    path = tmp_path / "checkpoint.pt"
+    save_checkpoint(path, payload(config_hash=str(saved), resolved_config=saved.stable))
+    assert load_checkpoint(path, expected_hash=config_hash(cfg))["round"] == 7
+    monkeypatch.setenv("FX_DATA", "/b")
+    with pytest.raises(ConfigError, match="config hash mismatch") as err:
+        load_checkpoint(path, expected_hash=config_hash(cfg))
+    assert "paths.data_root is '/b' now, '/a' in the checkpoint" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_a_checkpoint_of_the_previous_format_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    save_checkpoint(path, payload(format=1))
+    with pytest.raises(ConfigError, match="older fedexp \\(checkpoint format 1\\)"):
+        load_checkpoint(path)
+
+
+def tiny_data(labels=(0, 1, 0, 1, 2, 2), train=((0, 1), (2, 3)), test=((4,), (5,)), x=None):
+    """The parts of a FederatedData that its digest reads."""
+    from types import SimpleNamespace
+
+    n = len(labels)
+    dataset = SimpleNamespace(
+        train_y=torch.tensor(labels),
+        train_x=torch.arange(n * 2.0).reshape(n, 2) if x is None else x,
+        test_y=None,
+    )
+    partition = SimpleNamespace(
+        train=[np.array(t) for t in train], test=[np.array(t) for t in test]
+    )
+    return SimpleNamespace(dataset=dataset, partition=partition)
+
+
+def test_the_data_digest_changes_with_labels_inputs_and_partition_only():
+    from fedexp.core.checkpoint import check_resumed_data, data_digest
+
+    base = data_digest(tiny_data())
+    assert data_digest(tiny_data()) == base  # the same data, built again
+    assert data_digest(tiny_data(labels=(0, 1, 0, 1, 2, 0))) != base
+    assert data_digest(tiny_data(train=((0, 2), (1, 3)))) != base
+    assert data_digest(tiny_data(test=((5,), (4,)))) != base
+    assert data_digest(tiny_data(x=torch.arange(12.0).reshape(6, 2) + 1)) != base
+    check_resumed_data(None, tiny_data())  # a fresh run: nothing to compare
+    check_resumed_data({"data_digest": base}, tiny_data())
+    with pytest.raises(ConfigError, match="resume: the data differs from the data the checkpoint"):
+        check_resumed_data({"data_digest": base}, tiny_data(train=((0, 1, 2), (3,))))

@@ -11,6 +11,7 @@ raises `ConfigError` for bad options before training (`check_aggregator`).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,6 +21,29 @@ from fedexp.core.types import ClientResult, ConfigError
 __all__ = ["weighted_mean", "malicious_count", "check_aggregator", "aggregator_name", "KNOWN"]
 
 KNOWN = "known"  # option value: use the round's true number of malicious clients
+log = logging.getLogger(__name__)
+_warned: set[str] = set()
+
+
+def warn_once(key: str, message: str) -> None:
+    """Log `message` the first time `key` is seen in this process (a cap hit every round would
+    otherwise flood the log)."""
+    if key not in _warned:
+        _warned.add(key)
+        log.warning("%s (reported once)", message)
+
+
+def round_size(cfg) -> int:
+    """Uploads aggregated per round: the round's sampled clients."""
+    return int(cfg.clients_per_round)
+
+
+def fixed_count(option: Any, num_clients: int) -> int | None:
+    """The count an option resolves to in every round of `num_clients` uploads (an int, or a
+    fraction of the round); None for `known`, which varies with the round's malicious clients."""
+    if option == KNOWN or isinstance(option, bool) or not isinstance(option, int | float):
+        return None
+    return resolve_count(option, 0, num_clients, "")
 
 
 def malicious_count(results: Sequence[ClientResult]) -> int:

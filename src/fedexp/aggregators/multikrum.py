@@ -13,7 +13,14 @@ from typing import Any
 
 import torch
 
-from fedexp.aggregators import KNOWN, check_count, resolve_count
+from fedexp.aggregators import (
+    KNOWN,
+    check_count,
+    fixed_count,
+    resolve_count,
+    round_size,
+    warn_once,
+)
 from fedexp.core.types import ConfigError
 
 
@@ -62,6 +69,12 @@ def multikrum(
     """
     n = updates.shape[0]
     byzantine = resolve_count(f, num_malicious, n, "f")
+    if n - byzantine - 2 < 1 or (num_selected is None and n - 2 * byzantine - 2 < 1):
+        warn_once(
+            "multikrum.f",
+            f"aggregator.f: {byzantine} of {n} uploads is more than Multi-Krum allows "
+            f"(n > 2f + 2); its neighbour count and selection were capped",
+        )
     chosen = krum_select(updates, byzantine, selection_size(n, byzantine, num_selected))
     return updates[sorted(chosen)].mean(0)
 
@@ -74,4 +87,24 @@ def _check(f: Any = KNOWN, num_selected: int | None = None) -> None:
         )
 
 
+def _check_round(cfg) -> None:
+    n = round_size(cfg)
+    f = cfg.aggregator.get("f", KNOWN)
+    num_selected = cfg.aggregator.get("num_selected")
+    byzantine = fixed_count(f, n)
+    if num_selected is not None and isinstance(num_selected, int) and num_selected > n:
+        raise ConfigError(
+            f"aggregator.num_selected: {num_selected} > the {n} uploads of a round "
+            f"(clients_per_round={n})"
+        )
+    if byzantine is None:
+        return
+    if n - byzantine - 2 < 1 or (num_selected is None and n - 2 * byzantine - 2 < 1):
+        raise ConfigError(
+            f"aggregator.f: {f} means {byzantine} malicious of the {n} uploads of a round "
+            f"(clients_per_round={n}); Multi-Krum needs clients_per_round > 2f + 2"
+        )
+
+
 multikrum.check = _check
+multikrum.check_config = _check_round

@@ -7,7 +7,15 @@ from typing import Any
 
 import torch
 
-from fedexp.aggregators import KNOWN, check_count, resolve_count
+from fedexp.aggregators import (
+    KNOWN,
+    check_count,
+    fixed_count,
+    resolve_count,
+    round_size,
+    warn_once,
+)
+from fedexp.core.types import ConfigError
 
 
 def trimmed_mean(
@@ -24,10 +32,18 @@ def trimmed_mean(
         num_malicious: the round's true number of malicious uploads.
         beta: values dropped per side per coordinate: `known` (= num_malicious, as the FRL paper
             grants its baselines), an int count, or a float fraction of n. Capped so that at least
-            one value per coordinate remains.
+            one value per coordinate remains (refused before training when a fixed `beta` is
+            capped in every round; a warning the first time `known` is).
     """
     n = updates.shape[0]
-    trim = min(resolve_count(beta, num_malicious, n, "beta"), (n - 1) // 2)
+    wanted = resolve_count(beta, num_malicious, n, "beta")
+    trim = min(wanted, (n - 1) // 2)
+    if wanted > trim:
+        warn_once(
+            "trimmed_mean.beta",
+            f"aggregator.beta: trimming {wanted} per side of {n} uploads would leave nothing; "
+            f"trimmed {trim}",
+        )
     if trim == 0:
         return updates.mean(0)
     ordered = torch.sort(updates, dim=0).values
@@ -38,4 +54,16 @@ def _check(beta: Any = KNOWN) -> None:
     check_count(beta, "beta")
 
 
+def _check_round(cfg) -> None:
+    n = round_size(cfg)
+    beta = cfg.aggregator.get("beta", KNOWN)
+    trim = fixed_count(beta, n)
+    if trim is not None and trim > (n - 1) // 2:
+        raise ConfigError(
+            f"aggregator.beta: {beta} trims {trim} per side, leaving nothing of the {n} uploads "
+            f"of a round (clients_per_round={n}); at most {(n - 1) // 2}"
+        )
+
+
 trimmed_mean.check = _check
+trimmed_mean.check_config = _check_round

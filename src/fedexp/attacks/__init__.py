@@ -14,6 +14,7 @@ ConfigError before training when the algorithm uploads something else.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -31,6 +32,7 @@ class NoAttack:
 
     malicious: frozenset[int] = frozenset()
     fraction: float = 0.0
+    realised_fraction: float = 0.0  # malicious clients / all clients, once set up
     targets: tuple[type[Message], ...] | None = None  # None: any upload (data poisoning)
 
     def __init__(self, fraction: float = 0.0):
@@ -54,7 +56,7 @@ class NoAttack:
     def round_metrics(self, results: Sequence[ClientResult]) -> dict[str, float]:
         """`attack/*` metrics of the round (after `apply`), logged next to the accuracy."""
         return {
-            "attack/fraction": self.fraction,
+            "attack/fraction": self.realised_fraction,  # malicious / all clients, as set up
             "attack/malicious_in_round": malicious_count(results),
         }
 
@@ -83,6 +85,15 @@ class Attack(NoAttack):
     def setup(self, ctx, num_clients: int) -> None:
         # int(), not round(): FRL's reference code takes int(num_clients * fraction)
         count = int(self.fraction * num_clients)
+        self.realised_fraction = count / num_clients
+        if abs(count - self.fraction * num_clients) > 1e-9:  # logged as attack/fraction
+            logging.getLogger(__name__).warning(
+                "attack.fraction: %s of %d clients makes %d malicious (realised fraction %.4g)",
+                self.fraction,
+                num_clients,
+                count,
+                self.realised_fraction,
+            )
         rng = np.random.default_rng(derive_seed(ctx.seed, ATTACK))
         self.malicious = frozenset(int(c) for c in rng.choice(num_clients, count, replace=False))
 

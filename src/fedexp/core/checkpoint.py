@@ -17,7 +17,6 @@ at any moment leaves either the previous checkpoint or the new one, never half o
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -33,14 +32,19 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from fedexp.core.fingerprint import (  # noqa: F401 - config_hash is part of this API
+    VOLATILE_KEYS,
+    ConfigDigest,
+    config_hash,
+    data_digest,
+    first_difference,
+)
 from fedexp.core.types import ConfigError, ServerState
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "checkpoint.pt"
-FORMAT_VERSION = 1
-# keys that may differ between a run and its resumption without changing any result
-VOLATILE_KEYS = ("resume", "progress", "device", "checkpoint_every")
+FORMAT_VERSION = 2  # 2: the config hash is of the resolved config, and the data digest is saved
 SAVEABLE_SCALARS = (bool, int, float, str, type(None))
 
 
@@ -51,14 +55,6 @@ class Interrupted(RuntimeError):
         super().__init__(f"interrupted by {signal.Signals(signum).name} after round {round_idx}")
         self.round_idx = round_idx
         self.signum = signum
-
-
-def config_hash(cfg: DictConfig | Mapping) -> str:
-    """A digest of the (unresolved) config, ignoring keys that do not change results."""
-    if isinstance(cfg, DictConfig):
-        cfg = OmegaConf.to_container(cfg, resolve=False)
-    stable = {k: v for k, v in cfg.items() if k not in VOLATILE_KEYS}
-    return hashlib.sha256(json.dumps(stable, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def check_saveable(obj: Any, where: str = "checkpoint") -> None:
@@ -110,14 +106,34 @@ def load_checkpoint(
         raise ConfigError(
             f"resume: {path} is not a readable checkpoint ({type(err).__name__}: {first[:120]})"
         ) from None
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT_VERSION:
+    version = payload.get("format") if isinstance(payload, dict) else None
+    if version == 1:
+        raise ConfigError(
+            f"resume: {path} was written by an older fedexp (checkpoint format 1), which did not "
+            "record the data it trained on; start the run again"
+        )
+    if version != FORMAT_VERSION:
         raise ConfigError(f"resume: {path} is not a fedexp checkpoint of format {FORMAT_VERSION}")
     if expected_hash is not None and payload.get("config_hash") != expected_hash:
+        diff = None
+        if isinstance(expected_hash, ConfigDigest):
+            diff = first_difference(expected_hash.stable, payload.get("resolved_config"))
+        detail = f": {diff}" if diff else ""
         raise ConfigError(
             f"resume: {path} was written for a different config than the run dir's "
-            ".hydra/config.yaml (config hash mismatch)"
+            f".hydra/config.yaml resolves to now (config hash mismatch{detail})"
         )
     return payload
+
+
+def check_resumed_data(payload: dict | None, data: Any) -> None:
+    """Refuse (one line) to resume a checkpoint on data other than the data it was trained on;
+    no-op without a checkpoint. `data` is the built FederatedData."""
+    if payload is not None and payload.get("data_digest") != data_digest(data):
+        raise ConfigError(
+            "resume: the data differs from the data the checkpoint was trained on (training "
+            "labels, inputs or client partition); resume with the same data"
+        )
 
 
 # ---- RNG streams ------------------------------------------------------------------------------
@@ -268,7 +284,8 @@ class Checkpointer:
         self.path = Path(run_dir) / CHECKPOINT_FILE
         self.every = every
         self.config = OmegaConf.to_container(config, resolve=False)
-        self.hash = config_hash(self.config)
+        self.hash = config_hash(config)
+        self.data_digest: str | None = None  # of the orchestrator's data, at the first save
         self.store = store
         self.components = dict(components)
         self.loggers = list(loggers)
@@ -277,9 +294,13 @@ class Checkpointer:
 
     def snapshot(self, orch) -> dict:
         state: ServerState = orch.state
+        if self.data_digest is None:
+            self.data_digest = data_digest(orch.data)
         return {
             "format": FORMAT_VERSION,
-            "config_hash": self.hash,
+            "config_hash": str(self.hash),
+            "resolved_config": self.hash.stable,
+            "data_digest": self.data_digest,
             "config": self.config,
             "round": orch.round,
             "server": {"params": state.params, "buffers": state.buffers},

@@ -87,6 +87,38 @@ def accepted_options(target: Any) -> tuple[set[str], bool]:
     return names, not inits
 
 
+def annotations_of(target: Any) -> dict[str, Any]:
+    """Keyword name -> type annotation of what `target` takes (the `__init__` chain of a class,
+    as in `accepted_options`); names without a readable annotation are left out."""
+    fns = (
+        [vars(k)["__init__"] for k in target.__mro__ if "__init__" in vars(k)]
+        if inspect.isclass(target)
+        else [target]
+    )
+    out: dict[str, Any] = {}
+    for fn in fns:
+        if fn is object.__init__:
+            continue
+        try:
+            params = inspect.signature(fn).parameters.values()
+        except (TypeError, ValueError):
+            break
+        namespace = getattr(inspect.unwrap(fn), "__globals__", {})
+        for p in params:
+            if p.name in out or p.annotation is p.empty:
+                continue
+            ann = p.annotation
+            if isinstance(ann, str):  # `from __future__ import annotations`
+                try:
+                    ann = eval(ann, namespace)  # noqa: S307 - the target's own annotation
+                except Exception:  # a name imported only for type checkers
+                    continue
+            out[p.name] = ann
+        if not any(p.kind is p.VAR_KEYWORD and p.name != "_" for p in params):
+            break
+    return out
+
+
 def _not_an_option(group: str, key: str, target_name: str, options: set, runtime: dict):
     shown = sorted(options - set(runtime))
     return ConfigError(

@@ -27,11 +27,16 @@ Examples of declared checks (the components they belong to land with them):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
+import operator
+import os
+import types
+import typing
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, Union
 
 from hydra.utils import get_object
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from fedexp.core.types import ConfigError
 
@@ -130,6 +135,114 @@ def validate_data(cfg: DictConfig, data: Any) -> None:
         hook(cfg, data)
     for rule in DATA_RULES:
         rule(cfg, data)
+
+
+# ---- types and ranges ---------------------------------------------------------------------------
+# run scalars and client settings (no `_target_` to read them from): key -> (type, bound)
+SCALARS: dict[str, tuple[Any, tuple[str, float] | None]] = {
+    "seed": (int, (">=", 0)),
+    "rounds": (int, (">=", 1)),
+    "num_clients": (int, (">=", 1)),
+    "clients_per_round": (int, (">=", 1)),
+    "eval_every": (int, (">=", 1)),
+    "device": (str, None),
+    "progress": (bool, None),
+    "objective": (str | None, None),
+    "client.local_epochs": (int, (">=", 1)),
+    "client.batch_size": (int, (">=", 1)),
+    "client.optimizer": (str, None),
+    "client.lr": (float, (">", 0)),
+    "client.momentum": (float, (">=", 0)),
+    "client.weight_decay": (float, (">=", 0)),
+    "partition.test_fraction": (float, (">=", 0)),
+    "partition.classes_per_client": (int, (">=", 1)),
+}
+_BOUNDS = {">=": operator.ge, ">": operator.gt}
+_SEQUENCES = (list, tuple, Sequence)
+_PARTITION_OWN = ("name", "test_fraction", "reduce_fraction", "reduce_factor")
+
+
+def fits(value: Any, ann: Any) -> bool:
+    """Whether a config value fits a type annotation: an int is not a bool or a float, a float
+    accepts an int, Optional/Union/Literal/list[...] are followed; a class that a config value
+    cannot be (a context, a callable) is not checked."""
+    origin, args = typing.get_origin(ann), typing.get_args(ann)
+    if ann is Any:
+        return True
+    if origin in (Union, types.UnionType):
+        return any(fits(value, a) for a in args)
+    if origin is Literal:
+        return any(value == a and type(value) is type(a) for a in args)
+    if ann is None or ann is type(None):
+        return value is None
+    if ann is bool:
+        return isinstance(value, bool)
+    if ann is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if ann is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if ann in (str, Path, os.PathLike):
+        return isinstance(value, str)
+    if ann in _SEQUENCES or origin in _SEQUENCES:
+        if not isinstance(value, list | tuple):
+            return False
+        if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):  # fixed length
+            return len(args) == len(value) and all(fits(v, a) for v, a in zip(value, args))
+        return not args or all(fits(v, args[0]) for v in value)
+    if ann in (dict, Mapping) or origin in (dict, Mapping):
+        return isinstance(value, dict)
+    return True
+
+
+def describe(ann: Any) -> str:
+    """'an int', 'a number', 'one of a, b', 'an int or null', ... for error messages."""
+    origin, args = typing.get_origin(ann), typing.get_args(ann)
+    if origin in (Union, types.UnionType):
+        return " or ".join(dict.fromkeys(describe(a) for a in args))
+    if origin is Literal:
+        return "one of " + ", ".join(map(str, args))
+    names = {int: "an int", float: "a number", bool: "true or false", str: "a string"}
+    if ann in names:
+        return names[ann]
+    if ann is None or ann is type(None):
+        return "null"
+    if ann in (Path, os.PathLike):
+        return "a path"
+    if ann in _SEQUENCES or origin in _SEQUENCES:
+        plural = {int: " of ints", float: " of numbers", str: " of strings", bool: " of booleans"}
+        homogeneous = args and (origin is not tuple or args[-1] is Ellipsis)
+        return "a list" + (plural.get(args[0], "") if homogeneous else "")
+    return getattr(ann, "__name__", str(ann))
+
+
+def check_value(key: str, value: Any, ann: Any, bound: tuple[str, float] | None = None) -> None:
+    """Raise ConfigError `key: must be <type>, got <value>` (or the bound it breaks)."""
+    if not fits(value, ann):
+        raise ConfigError(f"{key}: must be {describe(ann)}, got {value!r}")
+    if bound is not None and value is not None and not _BOUNDS[bound[0]](value, bound[1]):
+        raise ConfigError(f"{key}: must be {bound[0]} {bound[1]}, got {value!r}")
+
+
+def check_types(cfg: DictConfig) -> None:
+    """Types and ranges of the run scalars (`SCALARS`), then of every component's options
+    against its target's annotations (and the partition scheme's); raises ConfigError."""
+    from fedexp.core.config import annotations_of
+
+    missing = object()
+    for key, (ann, bound) in SCALARS.items():
+        value = OmegaConf.select(cfg, key, default=missing)
+        if value is not missing:
+            check_value(key, value, ann, bound)
+    nodes = [(key, obj, OmegaConf.select(cfg, key)) for key, obj in components(cfg)]
+    scheme = partition_scheme(cfg)
+    if scheme is not None:
+        nodes.append(("partition", scheme, cfg.partition))
+    for key, obj, node in nodes:
+        anns = annotations_of(obj)
+        values = OmegaConf.to_container(node, resolve=True)
+        for name, value in values.items():
+            if name in anns and not (key == "partition" and name in _PARTITION_OWN):
+                check_value(f"{key}.{name}", value, anns[name])
 
 
 # ---- rules of the run itself --------------------------------------------------------------------

@@ -1,6 +1,9 @@
 """Weights & Biases: one run per job, step = round, group = the multirun sweep.
 
-Offline when no API key is configured. Any W&B failure is a warning: it never stops a run.
+Offline when no API key is configured. Any W&B failure is a warning: it never stops a run. An
+online `wandb.init` that gets no answer within `init_timeout` seconds (no network, a server down)
+goes on offline, with one warning line saying how to upload the run later (`wandb sync`); later
+jobs of the same process then go offline at once instead of waiting again.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import os
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+_unreachable: str | None = None  # why the last online init failed in this process, if it did
 
 
 class WandbLogger:
@@ -20,7 +24,13 @@ class WandbLogger:
         entity: str | None = None,
         mode: str | None = None,
         tags: list[str] | None = None,
+        init_timeout: float = 15.0,
     ):
+        if init_timeout <= 0:
+            from fedexp.core.types import ConfigError
+
+            raise ConfigError(f"logger.wandb.init_timeout: must be > 0, got {init_timeout}")
+        self.init_timeout = float(init_timeout)
         self.run_dir = Path(run_dir)
         self.project, self.entity, self.tags = project, entity, list(tags or [])
         self.mode = mode or os.environ.get("WANDB_MODE") or self._default_mode()
@@ -52,24 +62,46 @@ class WandbLogger:
             return None
 
     def start(self, config: dict, run_name: str, group: str | None) -> None:
-        def _init():
+        global _unreachable
+
+        def _init(mode: str):
             import wandb
 
             return wandb.init(
                 project=self.project,
                 entity=self.entity,
-                mode=self.mode,
+                mode=mode,
                 dir=str(self.run_dir),
                 config=config,
                 name=run_name,
                 group=group,
                 tags=self.tags,
                 reinit="finish_previous",
+                settings=wandb.Settings(init_timeout=self.init_timeout),
                 # rounds re-run after the checkpoint are logged again with the same values
                 **({"id": self.resume_id, "resume": "allow"} if self.resume_id else {}),
             )
 
-        self.run = self._guard("init", _init)
+        if self.mode != "online":
+            self.run = self._guard("init", _init, self.mode)
+            return
+        reason = _unreachable
+        if reason is None:
+            try:
+                self.run = _init("online")
+                return
+            except Exception as err:  # W&B must never stop a run
+                first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+                reason = f"{type(err).__name__}: {first[:160]}"
+                _unreachable = f"as earlier in this process: {reason}"
+        self.mode = "offline"
+        self.run = self._guard("init", _init, "offline")
+        if self.run is not None:
+            log.warning(
+                "W&B: online init failed (%s); logging offline; upload later with: wandb sync %s",
+                reason,
+                Path(self.run.dir).parent,
+            )
 
     def log_metrics(self, metrics: dict, step: int) -> None:
         if self.run is not None:
