@@ -31,7 +31,7 @@ BAD_CONFIGS: list[tuple[tuple[str, ...], str]] = [
     (("algorithm=fedprox", "algorithm.mu=-1"), "algorithm.mu: must be >= 0"),
     (("algorithm._target_=fedexp.algorithms.nope.Nope",), "algorithm._target_: cannot import"),
     (("checkpoint_every=-1",), "checkpoint_every: must be an integer >= 0"),
-    (("objective=accuracy",), "objective: must be a metric name"),
+    (("objective=accuracy",), "objective: 'accuracy' is not a metric"),
     # cross-component incompatibilities (issue 8)
     (("algorithm=frl", "aggregator=mean"), "aggregator: FRL uploads rankings and needs"),
     (("algorithm=frl", "aggregator=trimmed_mean"), "needs aggregator=rank_vote, got trimmed_mean"),

@@ -347,7 +347,7 @@ class Checkpointer:
 
 
 # ---- resume from the command line -------------------------------------------------------------
-RESUME_OVERRIDABLE = ("device", "progress", "checkpoint_every")
+RESUME_OVERRIDABLE = ("device", "threads", "progress", "checkpoint_every")
 
 
 def load_run_config(
