@@ -53,11 +53,13 @@ def test_pool_extras_are_other_attackers_drawn_from_seed_and_round():
     assert len(draws) > 1  # redrawn every round
 
 
-def test_bad_pool_options_are_config_errors():
+def test_bad_pool_options_are_config_errors(tmp_path):
     with pytest.raises(ConfigError, match="attack.pool:"):
         MinMax(0.2, pool="everyone")
     with pytest.raises(ConfigError, match="attack.pool_size:"):
         MinMax(0.2, pool_size=0)
+    with pytest.raises(ConfigError, match="attack.pool: must be one of"):  # before training
+        experiment(tmp_path, "debug=smoke", "clients_per_round=3", "attack=lie", "attack.pool=x")
 
 
 def one_attacker_round(pool: str):

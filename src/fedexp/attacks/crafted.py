@@ -152,8 +152,15 @@ class LIE(CraftedAttack):
 
     name = "lie"
 
-    def __init__(self, fraction: float = 0.2, z: float | None = None, **knowledge):
-        super().__init__(fraction, **knowledge)
+    def __init__(
+        self,
+        fraction: float = 0.2,
+        knowledge: str = "malicious",
+        pool: str = "all",
+        pool_size: int = 25,
+        z: float | None = None,
+    ):
+        super().__init__(fraction, knowledge, pool, pool_size)
         self.z = z
 
     @staticmethod
@@ -174,12 +181,14 @@ class PerturbationAttack(CraftedAttack):
     def __init__(
         self,
         fraction: float = 0.2,
+        knowledge: str = "malicious",
+        pool: str = "all",
+        pool_size: int = 25,
         perturbation: str = "std",
         gamma_init: float = 10.0,
         tolerance: float = 1e-5,
-        **knowledge,
     ):
-        super().__init__(fraction, **knowledge)
+        super().__init__(fraction, knowledge, pool, pool_size)
         if perturbation not in PERTURBATIONS:
             raise ConfigError(
                 f"attack.perturbation: must be one of {PERTURBATIONS}, got {perturbation!r}"
