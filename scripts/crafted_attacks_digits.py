@@ -49,7 +49,9 @@ def run_sweep(name: str, overrides: list[str], seeds: str, out: Path) -> None:
         return
     args = [*FEDAVG, *overrides, f"seed={seeds}", f"hydra.sweep.dir={target}", "progress=false"]
     print("python -m fedexp -m " + " ".join(args), file=sys.stderr)
-    subprocess.run([sys.executable, "-m", "fedexp", "-m", *args], check=True, env=os.environ)
+    subprocess.run(  # the runs' own output goes to stderr: stdout is the table
+        [sys.executable, "-m", "fedexp", "-m", *args], check=True, env=os.environ, stdout=sys.stderr
+    )
 
 
 def accuracy(out: Path, sweep: str, **choice: str) -> str:
