@@ -11,7 +11,15 @@ one vector computed from the benign updates the attackers know.
   than the benign updates are from each other; min-sum does so for the sum of squared distances.
 
 `knowledge`: `malicious` (default, the papers' partial knowledge): the benign updates of the
-round's malicious clients; `all`: every update of the round (an omniscient attacker).
+attackers' pool (`pool: all`, the reference code's: the round's sampled attackers plus other
+malicious clients trained aside, `pool_size` updates in all; `pool: sampled`: the round's sampled
+attackers only; see `fedexp.attacks.pool`); `all`: every update of the round (an omniscient
+attacker; the pool is not used).
+
+The success tests simulate the defence as the reference code does: over the m crafted copies
+(m = the round's sampled attackers) followed by the P known benign updates, with f = β = m. P is
+the pool's size, not the round's n − m honest clients: the attacker simulates the aggregator on
+what it knows.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from fedexp.aggregators import aggregator_name
 from fedexp.aggregators.multikrum import krum_select, pairwise_sq_distances, selection_size
 from fedexp.aggregators.trimmed_mean import trimmed_mean
 from fedexp.attacks import Attack
+from fedexp.attacks.pool import check_pool, pool_updates
 from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext, Weights
 
 PERTURBATIONS = ("unit", "sign", "std")
@@ -98,19 +107,41 @@ class CraftedAttack(Attack):
 
     targets = (Weights,)
 
-    def __init__(self, fraction: float = 0.2, knowledge: str = "malicious"):
+    def __init__(
+        self,
+        fraction: float = 0.2,
+        knowledge: str = "malicious",
+        pool: str = "all",
+        pool_size: int = 25,
+    ):
         super().__init__(fraction)
         if knowledge not in KNOWLEDGE:
             raise ConfigError(f"attack.knowledge: must be one of {KNOWLEDGE}, got {knowledge!r}")
-        self.knowledge = knowledge
+        check_pool(pool, pool_size)
+        self.knowledge, self.pool, self.pool_size = knowledge, pool, pool_size
+        self.last_known = 0  # how many benign updates the round's attackers knew
+
+    def known_updates(
+        self, results: list[ClientResult], positions: list[int], ctx: RoundContext
+    ) -> torch.Tensor:
+        """[P, d] the benign updates the attackers know this round (see the module doc)."""
+        if self.knowledge == "all":
+            return torch.stack([r.upload.values for r in results])
+        size = self.pool_size if self.pool == "all" else 0  # sampled: the attackers only
+        return pool_updates(results, positions, self.malicious, size, ctx)
 
     def corrupt(
         self, results: list[ClientResult], positions: list[int], ctx: RoundContext
     ) -> list[Message]:
-        rows = positions if self.knowledge == "malicious" else range(len(results))
-        known = torch.stack([results[i].upload.values for i in rows])
+        known = self.known_updates(results, positions, ctx)
+        self.last_known = len(known)
         crafted = self.craft(known, len(results), len(positions))
         return [Weights(crafted) for _ in positions]
+
+    def round_metrics(self, results) -> dict[str, float]:
+        metrics = super().round_metrics(results)
+        metrics["attack/known"] = self.last_known if metrics["attack/malicious_in_round"] else 0
+        return metrics
 
     def craft(self, known: torch.Tensor, round_size: int, copies: int) -> torch.Tensor:
         raise NotImplementedError
@@ -121,8 +152,15 @@ class LIE(CraftedAttack):
 
     name = "lie"
 
-    def __init__(self, fraction: float = 0.2, knowledge: str = "malicious", z: float | None = None):
-        super().__init__(fraction, knowledge)
+    def __init__(
+        self,
+        fraction: float = 0.2,
+        knowledge: str = "malicious",
+        pool: str = "all",
+        pool_size: int = 25,
+        z: float | None = None,
+    ):
+        super().__init__(fraction, knowledge, pool, pool_size)
         self.z = z
 
     @staticmethod
@@ -144,11 +182,13 @@ class PerturbationAttack(CraftedAttack):
         self,
         fraction: float = 0.2,
         knowledge: str = "malicious",
+        pool: str = "all",
+        pool_size: int = 25,
         perturbation: str = "std",
         gamma_init: float = 10.0,
         tolerance: float = 1e-5,
     ):
-        super().__init__(fraction, knowledge)
+        super().__init__(fraction, knowledge, pool, pool_size)
         if perturbation not in PERTURBATIONS:
             raise ConfigError(
                 f"attack.perturbation: must be one of {PERTURBATIONS}, got {perturbation!r}"

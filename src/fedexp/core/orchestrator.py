@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 
 from fedexp.core.algorithm import Algorithm
 from fedexp.core.evaluation import evaluate
+from fedexp.core.executors import train_aside
 from fedexp.core.seeding import sample_clients
 from fedexp.core.types import Diverged, RoundContext, ServerState
 
@@ -60,7 +63,11 @@ class Orchestrator:
         ctx = RoundContext(t, ids, self.seed)
         payloads = self.algorithm.configure_round(state, ctx)
         results = self.executor.run(self.algorithm, payloads, ctx, self.train_data)
-        results = self.attack.apply(results, ctx)
+        # attackers may train benignly beyond the cohort to learn more benign updates
+        aside = partial(
+            train_aside, self.algorithm, self.executor, self.train_data, state, t, self.seed
+        )
+        results = self.attack.apply(results, dataclasses.replace(ctx, train_aside=aside))
         losses = torch.stack([torch.as_tensor(r.train_loss) for r in results])
         train_loss = float(losses.mean())
         if not math.isfinite(train_loss):

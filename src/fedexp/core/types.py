@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,11 @@ class RoundContext:
     round: int
     client_ids: tuple[int, ...]
     seed: int
+    # benign local training of other clients on this round's payloads that leaves no trace
+    # (`fedexp.core.executors.train_aside`); set by the round loop for the attack only
+    train_aside: Callable[[Sequence[int]], list[ClientResult]] | None = field(
+        default=None, compare=False, repr=False
+    )
 
 
 class Message:

@@ -1,0 +1,63 @@
+"""The attackers' pool of benign updates: what crafted model-poisoning attacks know.
+
+FRL's reference code (after Shejwalkar & Houmansadr, NDSS 2021) has the malicious clients train
+benignly on their own data every round, up to 25 of them drawn from *all* malicious clients, and
+crafts the poisoned update from those benign updates. `pool: all` does the same: the round's
+sampled attackers (whose benign updates the round already computed) plus other malicious clients
+drawn from the seed and the round until `pool_size` updates are known; the others train through
+the run's own executor and algorithm (`RoundContext.train_aside`) on their usual streams, so the
+pool is the same whichever executor runs, and nothing of that extra training reaches the honest
+clients. `pool: sampled` knows only the round's sampled attackers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from fedexp.core.seeding import derive_seed
+from fedexp.core.types import ClientResult, ConfigError, RoundContext
+
+POOL = 402  # seed stream of the pool draw (distinct from the malicious set's stream 401)
+POOLS = ("sampled", "all")
+
+
+def check_pool(pool: str, pool_size: int) -> None:
+    if pool not in POOLS:
+        raise ConfigError(f"attack.pool: must be one of {POOLS}, got {pool!r}")
+    if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
+        raise ConfigError(f"attack.pool_size: must be an int >= 1, got {pool_size!r}")
+
+
+def pool_extras(
+    malicious: frozenset[int], sampled: Sequence[int], pool_size: int, ctx: RoundContext
+) -> list[int]:
+    """The malicious clients outside the round that join the pool (ascending ids): up to
+    `pool_size - len(sampled)` of them, drawn without replacement from (seed, round)."""
+    others = sorted(malicious.difference(sampled))
+    take = min(pool_size - len(sampled), len(others))
+    if take <= 0:
+        return []
+    rng = np.random.default_rng(derive_seed(ctx.seed, POOL, ctx.round))
+    return sorted(int(c) for c in rng.choice(others, take, replace=False))
+
+
+def pool_updates(
+    results: Sequence[ClientResult],
+    positions: Sequence[int],
+    malicious: frozenset[int],
+    pool_size: int,
+    ctx: RoundContext,
+) -> torch.Tensor:
+    """[P, d] benign updates of the pool: the sampled attackers' (in round order), then those
+    of the drawn others, trained aside."""
+    sampled = [results[i].client_id for i in positions]
+    known = [results[i].upload.values for i in positions]
+    extras = pool_extras(malicious, sampled, pool_size, ctx)
+    if extras:
+        if ctx.train_aside is None:
+            raise RuntimeError("attack.pool=all needs the round loop (ctx.train_aside) to train")
+        known += [r.upload.values for r in ctx.train_aside(extras)]
+    return torch.stack(known)
