@@ -92,7 +92,7 @@ def test_eta0_homogeneous_is_fedavg_exactly_on_the_same_data(tmp_path):
 
 def test_eta0_homogeneous_summary_equals_fedavg_summary(tmp_path):
     # no pool (noise RAD, server_pool=0): the whole pipeline, config to summary, is FedAvg's
-    avg = experiment(tmp_path / "a", "algorithm=fedavg").run([])
+    avg = experiment(tmp_path / "a", "algorithm=fedavg", "client=fedhenn").run([])  # same local SGD
     henn = experiment(
         tmp_path / "h",
         "algorithm=fedhenn",
