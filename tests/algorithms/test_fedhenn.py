@@ -92,8 +92,10 @@ def test_eta0_homogeneous_is_fedavg_exactly_on_the_same_data(tmp_path):
 
 
 def test_eta0_homogeneous_summary_equals_fedavg_summary(tmp_path):
-    # on the defaults the whole pipeline, config to summary, is FedAvg's
-    avg = experiment(tmp_path / "a", "algorithm=fedavg").run([])
+    # on the defaults the whole pipeline, config to summary, is FedAvg's: the same client data
+    # (the RAD takes nothing from the clients) and the same local training (FedHeNN's client
+    # settings are the authors' SGD, so FedAvg is run with them: client=fedhenn)
+    avg = experiment(tmp_path / "a", "algorithm=fedavg", "client=fedhenn").run([])
     henn = experiment(tmp_path / "h", "algorithm=fedhenn", "algorithm.eta0=0").run([])
     for key, value in avg["metrics"].items():
         if not key.startswith("time/"):
@@ -125,9 +127,11 @@ def test_homogeneous_alignment_changes_training_and_personal_models_are_kept(tmp
     assert capture.rounds[-1]["fedhenn/eta"] == pytest.approx(math.sqrt(2))
     trained = set(sample_clients(0, 1, 6, 3)) | set(sample_clients(0, 2, 6, 3))
     assert set(henn.algorithm.store.state_dict()) == trained
-    # down: weights + the 100 RAD inputs (8 x 8 floats each) per client; up: weight deltas
-    params = orch.state.params.numel()
-    assert capture.rounds[0]["comm/down_bits"] == 3 * (params * 32 + 100 * 64 * 32)
+    # down: weights + the L RAD inputs (8 x 8 floats each; debug=smoke: L = 8) per client;
+    # up: weight deltas
+    params, rad = orch.state.params.numel(), henn.algorithm.opts.rad_size
+    assert rad == 8
+    assert capture.rounds[0]["comm/down_bits"] == 3 * (params * 32 + rad * 64 * 32)
     assert capture.rounds[0]["comm/up_bits"] == 3 * params * 32
 
 
@@ -177,17 +181,18 @@ def test_heterogeneous_alignment_starts_in_round_two_and_is_counted(tmp_path):
 
     assert same(1) and same(3) and same(5)  # round 1 has no K_bar yet; 3, 5 never trained
     assert not same(0) and not same(2) and not same(4)  # aligned to K_bar(1) in round 2
-    # round 1: the 100 probe inputs (8 x 8 floats) down; representations (100 x d_j) or
-    # kernels (d_j > 100) up
+    # round 1: the L probe inputs (8 x 8 floats) down; representations (L x d_j) or
+    # kernels (d_j > L) up
     widths = [
         exp.algorithm.modules[exp.algorithm.archs[c]].model.body(exp.data.x[:2]).shape[1]
         for c in round1
     ]
     first, second = capture.rounds
-    assert first["comm/down_bits"] == 3 * 100 * 64 * 32
-    assert first["comm/up_bits"] == sum(100 * min(d, 100) * 32 for d in widths)
-    # round 2: RAD + probe inputs and the 100 x 100 K_bar
-    assert second["comm/down_bits"] == 3 * (2 * 100 * 64 * 32 + 100 * 100 * 32)
+    L = exp.algorithm.opts.rad_size
+    assert first["comm/down_bits"] == 3 * L * 64 * 32
+    assert first["comm/up_bits"] == sum(L * min(d, L) * 32 for d in widths)
+    # round 2: RAD + probe inputs and the L x L K_bar
+    assert second["comm/down_bits"] == 3 * (2 * L * 64 * 32 + L * L * 32)
 
 
 def test_kernel_bar_is_the_weighted_mean_of_client_kernels(tmp_path):

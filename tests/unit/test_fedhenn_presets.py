@@ -21,22 +21,38 @@ def test_the_paper_settings_have_presets():
         "fedhenn_cifar10_data_reduction",
         "fedhenn_cifar10_rbf",
         "fedhenn_cifar10_procrustes",
+        "fedhenn_sent140_homogeneous",
+        "fedhenn_sent140_heterogeneous",
     } <= set(PRESETS)
 
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_preset_composes(preset):
-    dataset = "cifar100" if "cifar100" in preset else "cifar10"
+    dataset = next(d for d in ("cifar100", "sent140", "cifar10") if d in preset)
     if not (REPO / "conf" / "dataset" / f"{dataset}.yaml").exists():
         pytest.skip(f"dataset={dataset} is not on this branch")
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=[f"experiment={preset}"])
     algorithm = cfg.algorithm
     assert algorithm._target_ == "fedexp.algorithms.fedhenn.fedhenn"
-    assert algorithm.rad_size == 5000 and algorithm.server_pool >= algorithm.rad_size
-    assert cfg.partition.classes_per_client == 5 and cfg.client.local_epochs == 20
+    assert algorithm.rad_size == 5000 and cfg.client.local_epochs == 20
     assert cfg.rounds == 200 and cfg.clients_per_round == cfg.num_clients // 10
-    family = cfg.model._target_.endswith("cnn_family")
-    assert family == (algorithm.variant == "heterogeneous")
+    if dataset != "sent140":
+        assert cfg.partition.classes_per_client == 5
+    # one model for every method; heterogeneous FedHeNN draws each client's from its family
+    assert not cfg.model._target_.endswith("_family")
+    if algorithm.variant == "heterogeneous":
+        assert algorithm.default_family == ("lstm_family" if dataset == "sent140" else "cnn_family")
     if algorithm.distance == "procrustes":
         assert algorithm.variant == "homogeneous"
+
+
+def test_smoke_shrinks_the_rad_of_every_fedhenn_preset_and_only_fedhenn():
+    for preset in PRESETS:
+        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+            cfg = compose("config", overrides=[f"experiment={preset}", "debug=smoke"])
+            avg = compose(
+                "config", overrides=[f"experiment={preset}", "debug=smoke", "algorithm=fedavg"]
+            )
+        assert cfg.algorithm.rad_size == 8 and cfg.algorithm.rad_source == "train", preset
+        assert "rad_size" not in avg.algorithm, preset

@@ -13,10 +13,12 @@ client trains {W_a, W_b, r, biases} and its {π̃, c, d} on the negative ELBO pe
 change of {W_a, W_b, r, biases} only; the server averages them as FedAvg does.
 
 Evaluation: a client that has trained uses the global dictionary with b from its own posterior
-(`eval_mask`: threshold = 1[π̃ >= 1/2], or mean = π̃). A client never sampled has the initial
-posterior, the prior (π̃_k = (α/(1+α))^k), and uses it by the same rule (`unseen_mask: prior`), or
-every factor (`unseen_mask: all`). The global model (eval/global/*) is that never-sampled client,
-and so is what an eavesdropper rebuilds from an upload: the dictionary without the client's b.
+(`eval_mask`: threshold = 1[π̃ >= 1/2], or mean = π̃). A client never sampled uses, as in the
+paper, "only the aggregated global parameters {W_a, W_b, r}": every factor weighted by r
+(`unseen_mask: all`); or its initial posterior, the prior (π̃_k = (α/(1+α))^k), by the same rule
+as a trained client (`unseen_mask: prior`). The global model (eval/global/*) is that
+never-sampled client, and so is what an eavesdropper rebuilds from an upload: the dictionary
+without the client's b.
 """
 
 from __future__ import annotations
@@ -124,7 +126,7 @@ class WAFFLe(FedAvg):
         variational_lr: float | None = 0.05,
         variational_optimizer: str = "adam",
         eval_mask: str = "threshold",
-        unseen_mask: str = "prior",
+        unseen_mask: str = "all",
         **kwargs,
     ):
         checks = [
