@@ -12,7 +12,13 @@ from fedexp.run import Experiment
 CONF = Path(find_conf())
 SKIP_GROUPS = {"experiment", "debug", "hydra", "hparams_search"}
 # chosen through the defaults list's interpolations, never on their own
-SKIP_GROUPS |= {"paper", "paper_algorithm", "experiment_algorithm", "algorithm_dataset", "debug_algorithm"}
+SKIP_GROUPS |= {
+    "paper",
+    "paper_algorithm",
+    "experiment_algorithm",
+    "algorithm_dataset",
+    "debug_algorithm",
+}
 SKIP_GROUPS |= {"attack_paper"}
 # options that only make sense together with others
 REQUIRES: dict[tuple[str, str], tuple[str, ...]] = {

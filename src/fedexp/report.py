@@ -26,7 +26,13 @@ import numpy as np
 IGNORED = ("seed", "paths", "progress", "device", "resume", "checkpoint_every", "logger")
 IGNORED += ("objective", "hparams_search")
 # specialisations the defaults list derives from other choices (algorithm, dataset, experiment)
-IGNORED += ("paper", "paper_algorithm", "experiment_algorithm", "algorithm_dataset", "debug_algorithm")
+IGNORED += (
+    "paper",
+    "paper_algorithm",
+    "experiment_algorithm",
+    "algorithm_dataset",
+    "debug_algorithm",
+)
 IGNORED += ("attack_paper@attack",)
 # groups in Hydra's _global_ package: when one varies its name is the label, not its keys
 GLOBAL_GROUPS = ("experiment", "debug")
