@@ -143,7 +143,7 @@ def _execute(
         if multirun:  # this job fails; the sweep goes on with the others
             record_config_error(err, cfg, run_dir, choices)
             return None
-        logging.shutdown()
+        _detach_file_logs(run_dir)
         if not resume:
             from fedexp.core.run_dir import discard
 
@@ -218,6 +218,17 @@ def own_spill_dir(cfg: DictConfig, run_dir: Path) -> Path | None:
     own = Path(str(root)) / f"{Path(run_dir).name}-{tag}"
     cfg.client_store.spill_dir = str(own)
     return own
+
+
+def _detach_file_logs(run_dir: Path) -> None:
+    """Close and remove the log handlers writing into `run_dir` (which is about to go), so that
+    nothing later in this process writes a log file into a removed dir."""
+    for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
+        for handler in list(getattr(logger, "handlers", [])):
+            name = getattr(handler, "baseFilename", None)
+            if name is not None and Path(name).resolve().is_relative_to(run_dir.resolve()):
+                handler.close()
+                logger.removeHandler(handler)
 
 
 def resume_main(args: list[str]) -> None:

@@ -295,13 +295,15 @@ class Experiment:
         """partition_stats.csv (returned) and the label-distribution PNG (logged here)."""
         counts = class_counts(self.data.train_labels(), self.data.partition, self.data.num_classes)
         path = self.run_dir / "partition_stats.csv"
-        header = "client,group,n_train,n_test," + ",".join(
+        header = "client,group,n_train,n_test,n_val," + ",".join(
             f"class_{c}" for c in range(counts.shape[1])
         )
+        part = self.data.partition
         groups = self.data.groups or [""] * len(counts)
+        n_val = [len(v) for v in part.val] if part.val is not None else [0] * len(counts)
         rows = [
-            f"{c},{groups[c]},{len(self.data.partition.train[c])},"
-            f"{len(self.data.partition.test[c])}," + ",".join(map(str, counts[c]))
+            f"{c},{groups[c]},{len(part.train[c])},{len(part.test[c])},{n_val[c]},"
+            + ",".join(map(str, counts[c]))
             for c in range(len(counts))
         ]
         path.write_text("\n".join([header, *rows]) + "\n")

@@ -23,7 +23,7 @@ def test_every_spine_algorithm_runs(cli, algorithm):
     lines = (run / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["round"] for line in lines] == [1, 2]
     stats = (run / "partition_stats.csv").read_text().splitlines()
-    assert stats[0].startswith("client,group,n_train,n_test,class_0") and len(stats) == 7
+    assert stats[0].startswith("client,group,n_train,n_test,n_val,class_0") and len(stats) == 7
 
 
 def test_same_seed_gives_identical_metrics(cli):

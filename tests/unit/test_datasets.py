@@ -224,7 +224,7 @@ def test_config_runs_each_image_dataset(tmp_path, monkeypatch, dataset):
         # the natural split: 6 (= num_clients) of the 8 writers, each a client with all of its
         # samples (local train + local test)
         rows = (run_dir / "partition_stats.csv").read_text().splitlines()[1:]
-        sizes = [int(r.split(",")[2]) + int(r.split(",")[3]) for r in rows]
+        sizes = [sum(int(n) for n in r.split(",")[2:5]) for r in rows]  # train + test + val
         assert len(sizes) == 6 == len(set(sizes)) and set(sizes) <= set(writers.values())
 
 
@@ -289,9 +289,9 @@ def test_cli_every_image_dataset_from_its_default_data_dir(cli):
     for run_dir in dirs:
         assert (run_dir / "partition_labels.png").stat().st_size > 1000
     # FEMNIST's natural split: 6 (= num_clients) of the 8 writers, each a client with all of
-    # its samples (local train + local test)
+    # its samples (local train + test + validation)
     rows = (dirs[3] / "partition_stats.csv").read_text().splitlines()[1:]
-    sizes = [int(r.split(",")[2]) + int(r.split(",")[3]) for r in rows]
+    sizes = [sum(int(n) for n in r.split(",")[2:5]) for r in rows]  # train + test + val
     assert len(sizes) == 6 and set(sizes) <= set(writers.values())
     assert len(set(sizes)) == 6
 

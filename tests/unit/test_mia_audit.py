@@ -108,7 +108,13 @@ def test_the_attack_scores_vary_on_clients_that_overfit_a_non_iid_shard(tmp_path
     trained on the pool's ten-label mix. Those shadows' tree ensemble scored every target sample
     alike (privacy/mia_acc exactly 0.5); shadows on the target's labels must not."""
     torch.set_num_threads(1)
-    exp = experiment(tmp_path, "privacy=mia", "num_clients=20", "client.local_epochs=30")
+    exp = experiment(
+        tmp_path,
+        "privacy=mia",
+        "num_clients=20",
+        "client.local_epochs=30",
+        "partition.val_fraction=0",
+    )
     assert exp.cfg.partition.name == "shards" and exp.cfg.privacy.attack_model == "gbdt"
     algorithm, audit = exp.algorithm, exp.callbacks[0]
     scored = []
