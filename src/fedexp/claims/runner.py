@@ -94,9 +94,10 @@ class Runner:
     def run_all(self, settings: list[Setting]) -> dict[str, SettingResult]:
         self.total, self.done = len(settings) * len(self.seeds), 0
         self.start = time.perf_counter()
+        longest_first = sorted(settings, key=lambda s: -s.cost)
         with ThreadPoolExecutor(max_workers=self.jobs) as pool:
-            results = list(pool.map(self.run_setting, settings))
-        return {r.setting: r for r in results}
+            results = {r.setting: r for r in pool.map(self.run_setting, longest_first)}
+        return {s.id: results[s.id] for s in settings}
 
     def _report(self, record: RunRecord) -> None:
         with self.lock:
