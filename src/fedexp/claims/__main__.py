@@ -153,7 +153,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     labels = {sid: ",".join(ids) for sid, ids in users.items()}
     start = time.perf_counter()
-    results = Runner(out, seeds, labels, args.override, args.jobs).run_all(settings)
+    try:
+        results = Runner(out, seeds, labels, args.override, args.jobs).run_all(settings)
+    except KeyboardInterrupt:
+        print(
+            f"fedexp.claims: stopped; completed runs are reused with --out {out}", file=sys.stderr
+        )
+        return 130
     wall = time.perf_counter() - start
     summaries = {
         sid: {s: r.summary for s, r in res.runs.items() if r.status == "completed"}

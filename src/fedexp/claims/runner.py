@@ -165,6 +165,7 @@ class Runner:
                 if finished:
                     break
                 time.sleep(POLL_S)
+            proc.wait()  # a run's summary is written before its process ends
         error = None
         for seed in pending:  # the process ended without these runs' summaries
             runs[seed] = RunRecord(setting.id, seed, str(sweep / f"seed{seed}"), "failed", 0.0)
