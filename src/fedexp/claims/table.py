@@ -31,16 +31,17 @@ def _cell(text: str) -> str:
 def row(claim: Claim, measured: list[Measured], verdict: Verdict) -> str:
     """One markdown table row: claim | paper's figure | setting here | measured | holds?"""
     values = "; ".join(fmt_measured(m, t.unit) for m, t in zip(measured, claim.terms))
-    notes = [
-        f"{m.label}: `{m.key}` ({t.keys[0]} not reported)"
+    fallbacks = {
+        (m.key, t.keys[0])
         for m, t in zip(measured, claim.terms)
         if m.key is not None and m.key != t.keys[0]
-    ]
-    if notes:
-        values += " — " + "; ".join(notes)
+    }
+    for used, wanted in sorted(fallbacks):
+        values += f" (`{used}`: {wanted} is not reported by this version)"
     holds = verdict.text()
     if verdict.failed:
         holds += ": not " + ", not ".join(verdict.failed)
+    holds = holds.replace("<=", "≤").replace(">=", "≥")
     cells = [f"{claim.id}. {claim.text}", claim.paper, claim.setting, values, holds]
     return "| " + " | ".join(_cell(c) for c in cells) + " |"
 
