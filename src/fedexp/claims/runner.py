@@ -5,6 +5,9 @@ for all its seeds, so imports are paid once) with its sweep dir `<out>/runs/<set
 sub-dir per seed. A setting whose sweep dir already holds a completed run of the same overrides
 and seed is not run again (`--out` of an earlier check resumes it). Settings run `jobs` at a
 time; a progress line is printed as each run's `summary.json` appears.
+
+The CLI processes run in their own session: a Ctrl-C reaches only this process, which kills them
+(a multirun whose job is interrupted would otherwise go on with its next seed).
 """
 
 from __future__ import annotations
@@ -90,13 +93,20 @@ class Runner:
         self.stream = stream or sys.stdout
         self.total, self.done, self.start = 0, 0, time.perf_counter()
         self.lock = threading.Lock()
+        self.stop = threading.Event()
 
     def run_all(self, settings: list[Setting]) -> dict[str, SettingResult]:
         self.total, self.done = len(settings) * len(self.seeds), 0
         self.start = time.perf_counter()
         longest_first = sorted(settings, key=lambda s: -s.cost)
-        with ThreadPoolExecutor(max_workers=self.jobs) as pool:
+        pool = ThreadPoolExecutor(max_workers=self.jobs)
+        try:
             results = {r.setting: r for r in pool.map(self.run_setting, longest_first)}
+        except BaseException:  # Ctrl-C: the running settings kill their processes
+            self.stop.set()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        pool.shutdown()
         return {s.id: results[s.id] for s in settings}
 
     def _report(self, record: RunRecord) -> None:
@@ -145,6 +155,7 @@ class Runner:
                 env=env,
                 stdout=subprocess.DEVNULL,
                 stderr=err,
+                start_new_session=True,
             )
             pending = list(todo)
             while pending:
@@ -164,7 +175,9 @@ class Runner:
                     self._report(record)
                 if finished:
                     break
-                time.sleep(POLL_S)
+                if self.stop.wait(POLL_S):
+                    proc.kill()
+                    break
             proc.wait()  # a run's summary is written before its process ends
         error = None
         for seed in pending:  # the process ended without these runs' summaries
