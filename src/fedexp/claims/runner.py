@@ -114,7 +114,9 @@ class Runner:
             self.done += 1
             minutes, seconds = divmod(int(time.perf_counter() - self.start), 60)
             note = "reused" if record.reused else f"{record.run_s:.1f} s"
-            if record.status != "completed":
+            if record.status == "failed":
+                note = "failed"
+            elif record.status != "completed":
                 note += f", {record.status}"
             print(
                 f"[claims {self.done}/{self.total}] claim {self.labels.get(record.setting, '?')}"
