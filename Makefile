@@ -3,10 +3,11 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+CLAIMS_JOBS ?= 2
 export WANDB_SILENT := true
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test test-full smoke bench lint format clean
+.PHONY: help install run test test-full smoke bench claims lint format clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -33,6 +34,9 @@ smoke: install  ## tiny end-to-end runs through the CLI only
 
 bench: install  ## fedexp vs a plain PyTorch loop on a fixed FedAvg workload
 	$(BIN)/python scripts/bench.py
+
+claims: install  ## the papers' claims on small data, 3 seeds (~20 min); rewrites docs/CLAIMS.md's table
+	OMP_NUM_THREADS=1 $(BIN)/python -m fedexp.claims --jobs $(CLAIMS_JOBS) --update-doc docs/CLAIMS.md
 
 lint: install  ## ruff lint and format check
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

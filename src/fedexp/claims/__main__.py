@@ -1,0 +1,200 @@
+"""`python -m fedexp.claims [--seeds N] [--only IDS] [--out DIR] [--jobs J] [--update-doc MD]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+from fedexp.claims.catalogue import CLAIMS, SETTINGS, Claim, settings_of
+from fedexp.claims.runner import Runner, SettingResult
+from fedexp.claims.table import claim_json, markdown, row, update_doc
+from fedexp.claims.verdict import evaluate
+from fedexp.core.types import ConfigError
+
+EXIT_CONFIG = 2
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m fedexp.claims",
+        description="Check the direction of the papers' headline claims on small data.",
+    )
+    parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per setting (3)")
+    parser.add_argument("--only", default=None, help="claim ids or slugs, comma-separated")
+    parser.add_argument("--out", default=None, help="output dir (outputs/claims/<timestamp>)")
+    parser.add_argument("--jobs", type=int, default=1, help="settings run in parallel (1)")
+    parser.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a CLI override appended to every run (repeatable; e.g. rounds=2 for a dry run)",
+    )
+    parser.add_argument(
+        "--update-doc",
+        default=None,
+        metavar="MD",
+        help="also write the table into this markdown file between its claims markers",
+    )
+    return parser.parse_args(argv)
+
+
+def select(only: str | None) -> list[Claim]:
+    """The claims named by `--only` (ids or slugs), in catalogue order; all when None."""
+    if only is None:
+        return list(CLAIMS)
+    wanted = [w.strip() for w in only.split(",") if w.strip()]
+    known = {c.id: c for c in CLAIMS} | {c.slug: c for c in CLAIMS}
+    unknown = [w for w in wanted if w not in known]
+    if unknown or not wanted:
+        names = ", ".join(f"{c.id} ({c.slug})" for c in CLAIMS)
+        bad = ", ".join(unknown) or "(none)"
+        raise ConfigError(f"--only: unknown claim {bad}; claims: {names}")
+    chosen = {known[w].id for w in wanted}
+    return [c for c in CLAIMS if c.id in chosen]
+
+
+def check_args(args: argparse.Namespace) -> None:
+    if args.seeds < 1:
+        raise ConfigError(f"--seeds: {args.seeds} is not a positive number of seeds")
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs: {args.jobs} is not a positive number of jobs")
+    for item in args.override:
+        if "=" not in item or item.startswith("="):
+            raise ConfigError(f"--override: {item!r} is not KEY=VALUE")
+    if args.update_doc is not None and not Path(args.update_doc).is_file():
+        raise ConfigError(f"--update-doc: {args.update_doc} is not a file")
+
+
+def _commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=Path(__file__).resolve().parent,  # the checkout this code runs from
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() or "unknown"
+
+
+def timing_line(results: dict[str, SettingResult]) -> str:
+    """Mean seconds per run of each setting (start-up included; reused runs left out)."""
+    parts = []
+    for sid, result in results.items():
+        fresh = [r.run_s for r in result.runs.values() if not r.reused and r.status == "completed"]
+        if fresh:
+            parts.append(f"{sid} {sum(fresh) / len(fresh):.0f} s")
+    return "Seconds per run (mean over seeds, CLI start-up included): " + (
+        ", ".join(parts) or "all runs reused"
+    )
+
+
+def header(argv, args, seeds, runs: int, wall: float) -> str:
+    """The line above the table: the command, date, commit, seeds, runs and wall time."""
+    shown = [a for a in argv if a not in ("--update-doc", args.update_doc)]
+    extra = f"; every run with `{' '.join(args.override)}`" if args.override else ""
+    minutes, seconds = divmod(int(wall), 60)
+    return (
+        f"`{' '.join(['python -m fedexp.claims', *shown])}` — {datetime.now():%Y-%m-%d}, "
+        f"commit {_commit()}: seeds {', '.join(map(str, seeds))}{extra}; {runs} runs in "
+        f"{minutes} min {seconds} s with {args.jobs} job(s)."
+    )
+
+
+def settings_json(results: dict[str, SettingResult], users: dict[str, list[str]]) -> dict:
+    return {
+        sid: {
+            "overrides": list(SETTINGS[sid].overrides),
+            "claims": users[sid],
+            "wall_s": res.wall_s,
+            "error": res.error,
+            "runs": [
+                {
+                    "seed": r.seed,
+                    "run_dir": r.run_dir,
+                    "status": r.status,
+                    "run_s": r.run_s,
+                    "reused": r.reused,
+                }  # fmt: skip
+                for r in res.runs.values()
+            ],
+        }
+        for sid, res in results.items()
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the selected claims' settings, write claims.md and claims.json; 1 if a run failed."""
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse(argv)
+    try:
+        check_args(args)
+        claims = select(args.only)
+    except ConfigError as err:
+        print(f"fedexp: error: {err}", file=sys.stderr)
+        return EXIT_CONFIG
+    out = Path(args.out or f"outputs/claims/{datetime.now():%Y-%m-%d_%H-%M-%S}").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    users: dict[str, list[str]] = {}
+    for claim in claims:
+        for sid in settings_of(claim):
+            users.setdefault(sid, []).append(claim.id)
+    settings = [SETTINGS[sid] for sid in users]
+    seeds = list(range(args.seeds))
+    runs = len(settings) * len(seeds)
+    print(
+        f"fedexp.claims: {len(claims)} claims, {len(settings)} settings × {len(seeds)} seeds = "
+        f"{runs} runs, {args.jobs} at a time; out: {out}",
+        flush=True,
+    )
+    labels = {sid: ",".join(ids) for sid, ids in users.items()}
+    start = time.perf_counter()
+    try:
+        results = Runner(out, seeds, labels, args.override, args.jobs).run_all(settings)
+    except KeyboardInterrupt:
+        print(
+            f"fedexp.claims: stopped; completed runs are reused with --out {out}", file=sys.stderr
+        )
+        return 130
+    wall = time.perf_counter() - start
+    summaries = {
+        sid: {s: r.summary for s, r in res.runs.items() if r.status == "completed"}
+        for sid, res in results.items()
+    }
+    rows, entries = [], []
+    for claim in claims:
+        measured, verdict = evaluate(claim, summaries)
+        rows.append(row(claim, measured, verdict))
+        entries.append(claim_json(claim, measured, verdict))
+    text = markdown(rows, header(argv, args, seeds, runs, wall), timing_line(results))
+    (out / "claims.md").write_text(text)
+    record = {
+        "command": ["python", "-m", "fedexp.claims", *argv],
+        "seeds": seeds,
+        "jobs": args.jobs,
+        "overrides": args.override,
+        "wall_s": wall,
+        "claims": entries,
+        "settings": settings_json(results, users),
+    }
+    (out / "claims.json").write_text(json.dumps(record, indent=1, ensure_ascii=False))
+    if args.update_doc:
+        update_doc(Path(args.update_doc), text)
+    print(text)
+    failures = {sid: res.error for sid, res in results.items() if res.error}
+    for sid, error in failures.items():
+        print(f"fedexp.claims: {sid} failed ({error}); see {out / 'runs' / sid}", file=sys.stderr)
+    print(f"fedexp.claims: wrote {out / 'claims.md'} and claims.json", flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

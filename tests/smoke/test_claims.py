@@ -1,0 +1,149 @@
+"""`python -m fedexp.claims`: the direction logic on hand-made numbers, and one real claim run.
+
+The end-to-end case runs the cheapest claim (7, FRL's upload between SignSGD's and FedAvg's) for
+one seed and two rounds through the real CLI; its bit counts are checkable by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from fedexp.claims.__main__ import main, select
+from fedexp.claims.catalogue import CLAIMS, SETTINGS, Term, settings_of
+from fedexp.claims.table import BEGIN, END, row, update_doc
+from fedexp.claims.verdict import Measured, evaluate, judge, measure, sample_std
+from fedexp.core.types import ConfigError
+
+
+def m(label: str, *values: float) -> Measured:
+    return Measured(label, "k", dict(enumerate(values)))
+
+
+def runs(key: str, *values: float) -> dict[int, dict]:
+    """Fake completed runs: seed i reports values[i] under key."""
+    return {seed: {"metrics": {key: v}} for seed, v in enumerate(values)}
+
+
+def test_sample_std_uses_n_minus_one():
+    assert sample_std([1.0, 2.0, 3.0]) == 1.0  # squares 1 + 0 + 1 over n − 1 = 2
+    assert sample_std([0.25, 0.75]) == pytest.approx(0.125**0.5)  # (0.0625 + 0.0625) / 1
+    assert sample_std([0.9]) == 0.0
+
+
+def test_chain_holds_only_when_every_link_holds():
+    a, b, c = m("A", 0.9, 0.9, 0.9), m("B", 0.8, 0.8, 0.8), m("C", 0.7, 0.7, 0.7)
+    ok = judge([a, b, c], ((0, ">", 1), (1, ">", 2)))
+    assert ok.holds and ok.clear and ok.text() == "yes" and ok.failed == []
+    broken = judge([a, c, b], ((0, ">", 1), (1, ">", 2)))  # 0.9 > 0.7 holds, 0.7 > 0.8 not
+    assert broken.holds is False and broken.failed == ["C > B"] and broken.text() == "no"
+
+
+def test_direction_within_seed_spread_is_flagged():
+    # means 0.6 and 0.5: the direction holds, but the difference 0.1 ≤ std 0.2 of A
+    a, b = m("A", 0.4, 0.6, 0.8), m("B", 0.5, 0.5, 0.5)
+    assert sample_std([0.4, 0.6, 0.8]) == pytest.approx(0.2)
+    verdict = judge([a, b], ((0, ">", 1),))
+    assert verdict.holds and not verdict.clear
+    assert verdict.text() == "yes (within seed spread)"
+    assert judge([b, a], ((0, "<=", 1),)).holds  # 0.5 ≤ 0.6
+
+
+def test_drop_pairs_clean_and_attacked_runs_by_seed():
+    term = Term("drop", "attacked", ("acc",), clean="clean")
+    summaries = {
+        "clean": runs("acc", 0.875, 0.75),
+        "attacked": runs("acc", 0.5, 0.625, 0.125),  # seed 2 has no clean twin: left out
+    }
+    got = measure(term, summaries)
+    assert got.values == {0: 0.375, 1: 0.125}
+    assert got.mean == 0.25
+
+
+def test_metric_falls_back_and_the_row_says_so():
+    claim = next(c for c in CLAIMS if c.slug == "waffle-mia")
+    summaries = {
+        "mia-waffle": runs("privacy/mia_acc", 0.5, 0.5),
+        "mia-fedavg": runs("privacy/mia_acc", 0.625, 0.5),
+    }
+    measured, verdict = evaluate(claim, summaries)
+    assert [x.key for x in measured] == ["privacy/mia_acc"] * 2
+    assert verdict.holds  # 0.5 ≤ 0.5625
+    text = row(claim, measured, verdict)
+    assert text.count("(`privacy/mia_acc`: privacy/mia_auc is not reported by this version)") == 1
+    assert "WAFFLe 0.500 ± 0.000" in text and "FedAvg 0.562 ± 0.088" in text
+
+
+def test_a_missing_setting_gives_n_a_not_a_verdict():
+    claim = next(c for c in CLAIMS if c.slug == "waffle-unimodal")
+    measured, verdict = evaluate(claim, {"shards-fedavg": runs("eval/global/acc", 0.8)})
+    assert verdict.holds is None and verdict.text() == "n/a"
+    assert "WAFFLe n/a (no completed run of shards-waffle)" in row(claim, measured, verdict)
+
+
+def test_catalogue_is_consistent():
+    assert [c.id for c in CLAIMS] == [str(i) for i in range(1, 9)]
+    for claim in CLAIMS:
+        assert all(sid in SETTINGS for sid in settings_of(claim))
+        n = len(claim.terms)
+        assert all(0 <= i < n and 0 <= j < n for i, _, j in claim.relations)
+    assert [c.id for c in select("frl-upload,3")] == ["3", "7"]
+    with pytest.raises(ConfigError, match="--only: unknown claim 9"):
+        select("9")
+
+
+def test_bad_options_exit_2_before_running(tmp_path, capsys):
+    assert main(["--only", "9", "--out", str(tmp_path / "o")]) == 2
+    assert main(["--seeds", "0", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "fedexp: error: --only: unknown claim 9" in err
+    assert "fedexp: error: --seeds: 0 is not a positive number of seeds" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_update_doc_replaces_only_the_marked_section(tmp_path):
+    doc = tmp_path / "CLAIMS.md"
+    doc.write_text(f"intro\n{BEGIN}\nold table\n{END}\noutro\n")
+    update_doc(doc, "new table\n")
+    assert doc.read_text() == f"intro\n{BEGIN}\nnew table\n{END}\noutro\n"
+
+
+def test_cheapest_claim_end_to_end(tmp_path):
+    out = tmp_path / "claims"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO / "src"))
+    env["FEDEXP_CACHE_DIR"] = str(tmp_path / "cache")
+    args = ["--only", "7", "--seeds", "1", "--override", "rounds=2", "--out", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "fedexp.claims", *args],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("[claims ") == 3 and "[claims 3/3] claim 7" in proc.stdout
+    record = json.loads((out / "claims.json").read_text())
+    (claim,) = record["claims"]
+    bits = {t["label"]: t["values"]["0"] for t in claim["terms"]}
+    # 10 clients a round, 2 rounds; MLP 64-128-10. FRL (no biases): 8192·⌈log2 8192⌉ +
+    # 1280·⌈log2 1280⌉ = 8192·13 + 1280·11 = 120,576 bits a client-round; FedAvg: 32 bits ×
+    # 9,610 weights and biases; SignSGD: 1 bit × 9,610.
+    assert bits == {"FRL": 20 * 120_576, "FedAvg": 20 * 32 * 9_610, "SignSGD": 20 * 9_610}
+    for term in claim["terms"]:  # the values are the runs' own summaries
+        summary = json.loads(
+            (out / "runs" / term["setting"] / "seed0" / "summary.json").read_text()
+        )
+        assert summary["metrics"]["comm/up_bits_total"] == term["values"]["0"]
+    assert claim["holds"] is True and claim["verdict"] == "yes"
+    md = (out / "claims.md").read_text()
+    assert "| 7. FRL's upload" in md
+    assert "FRL 2.41 Mbit ± 0.00 Mbit; FedAvg 6.15 Mbit ± 0.00 Mbit; SignSGD 0.19 Mbit" in md
+    assert md.splitlines()[4].endswith("| yes |")
+    # a second call with the same out dir reuses the runs
+    again = subprocess.run(
+        [sys.executable, "-m", "fedexp.claims", *args],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert again.returncode == 0 and again.stdout.count("| reused |") == 3
