@@ -50,6 +50,22 @@ def main_in_process(monkeypatch, capsys, *args: str) -> tuple[int, str]:
     return 0, capsys.readouterr().err
 
 
+def smoke_experiment(tmp_path: Path, *overrides: str):
+    """An in-process `Experiment` of the real config at `debug=smoke` size (6 clients, 2 rounds)."""
+    from hydra import compose, initialize_config_dir
+
+    from fedexp.run import Experiment
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose(
+            "config",
+            overrides=["debug=smoke", f"paths.cache_dir={tmp_path / 'cache'}", *overrides],
+        )
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return Experiment(cfg, run_dir)
+
+
 def summaries(root: Path) -> list[dict]:
     """Every summary.json under root, in path order."""
     return [json.loads(p.read_text()) for p in sorted(root.rglob("summary.json"))]

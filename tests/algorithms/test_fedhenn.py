@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
+from conftest import smoke_experiment
 from fedexp.algorithms.fedavg import FedAvg
 from fedexp.algorithms.fedhenn import client_arch
 from fedexp.algorithms.fedhenn_alignment import (
@@ -37,16 +37,7 @@ REPO = Path(__file__).resolve().parents[2]
 HETERO = ("algorithm=fedhenn", "algorithm.variant=heterogeneous", "model=cnn_family")
 
 
-def experiment(tmp_path: Path, *overrides: str) -> Experiment:
-    """An in-process run of the real config (debug=smoke: 6 clients, 3 a round, 2 rounds)."""
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose(
-            "config",
-            overrides=["debug=smoke", f"paths.cache_dir={tmp_path / 'cache'}", *overrides],
-        )
-    run_dir = tmp_path / "run"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return Experiment(cfg, run_dir)
+experiment = smoke_experiment  # an in-process run of the real config at smoke size
 
 
 class Capture:

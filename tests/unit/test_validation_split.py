@@ -9,22 +9,14 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from conftest import smoke_experiment
 from fedexp.core.types import ConfigError
 from fedexp.data.partition import local_split
-from fedexp.run import Experiment
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def experiment(tmp_path: Path, *overrides: str) -> Experiment:
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose(
-            "config",
-            overrides=["debug=smoke", f"paths.cache_dir={tmp_path / 'cache'}", *overrides],
-        )
-    run_dir = tmp_path / "run"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return Experiment(cfg, run_dir)
+experiment = smoke_experiment
 
 
 def test_local_split_sizes_and_disjointness():

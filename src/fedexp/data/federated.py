@@ -106,9 +106,9 @@ class FederatedData:
 
     def train_pool(self) -> torch.Tensor:
         """Indices (into `x`) of every client's local training samples, in client order."""
-        if "train_pool" not in self._pooled:
-            self._pooled["train_pool"] = (torch.cat(self._train).long(), None)
-        return self._pooled["train_pool"][0]
+        if not hasattr(self, "_train_pool"):
+            self._train_pool = torch.cat(self._train).long()
+        return self._train_pool
 
     def train_labels(self) -> np.ndarray:
         return self.dataset.train_y.numpy()
