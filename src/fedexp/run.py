@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
 from fedexp.aggregators import check_aggregator
@@ -34,8 +35,9 @@ from fedexp.core.threads import apply_threads
 from fedexp.core.types import ConfigError, Diverged
 from fedexp.core.validation import validate_config, validate_data
 from fedexp.data.federated import FederatedData
-from fedexp.data.partition import class_counts, partition_dataset
+from fedexp.data.partition import class_counts
 from fedexp.data.partition_report import plot_label_distribution
+from fedexp.data.server_pool import reserve_server_pool, server_data_request
 from fedexp.loggers.files import RunRecorder
 
 log = logging.getLogger(__name__)
@@ -60,17 +62,17 @@ def validate(cfg: DictConfig) -> None:
             f"must be one of {sorted(OPTIMIZERS)}, got {cfg.client.optimizer!r}",
         ),
         (
-            0 <= cfg.partition.get("test_fraction", 0.2) < 1,
+            0 <= cfg.partition.test_fraction < 1,
             "partition.test_fraction",
             "must be in [0, 1)",
         ),
         (
-            0 <= cfg.partition.get("val_fraction", 0.0) < 1,
+            0 <= cfg.partition.val_fraction < 1,
             "partition.val_fraction",
             "must be in [0, 1)",
         ),
         (
-            cfg.partition.get("test_fraction", 0.2) + cfg.partition.get("val_fraction", 0.0) < 1,
+            cfg.partition.test_fraction + cfg.partition.val_fraction < 1,
             "partition.val_fraction",
             "test_fraction + val_fraction must be < 1 (clients need training data)",
         ),
@@ -144,26 +146,18 @@ def resolve_device(name: str) -> torch.device:
 
 def build_data(cfg: DictConfig, device: torch.device) -> FederatedData:
     dataset = build(cfg.dataset, "dataset", seed=cfg.seed, num_clients=cfg.num_clients)
-    # an algorithm that needs a server-held pool apart from the clients (FedHeNN's
-    # rad_source=holdout) declares `server_pool`
-    dataset = reserve_server_pool(dataset, int(cfg.algorithm.get("server_pool", 0) or 0), cfg.seed)
-    part = OmegaConf.to_container(cfg.partition, resolve=True)
-    scheme = part.pop("name")
-    test_fraction = part.pop("test_fraction", 0.2)
-    val_fraction = part.pop("val_fraction", 0.0)
-    allow_missing = bool(part.pop("allow_missing_classes", False))
+    # data an algorithm needs on the server (FedHeNN's rad_source=holdout pool), declared by it
+    request = server_data_request(cfg)
+    if request is not None:
+        dataset = reserve_server_pool(dataset, request.size, cfg.seed, request.key)
+    scheme = build(cfg.partition, "partition")
     labels = dataset.train_y.numpy()
-    if scheme == "shards":
-        part.setdefault("num_classes", dataset.num_classes)
-    partition = partition_dataset(
+    partition = scheme(
         labels,
         cfg.num_clients,
-        scheme,
         cfg.seed,
-        part,
         client_ids=dataset.train_client_ids,
-        test_fraction=test_fraction,
-        val_fraction=val_fraction,
+        num_classes=dataset.num_classes,
         cache_dir=cfg.paths.cache_dir,
         cache_key={"dataset": OmegaConf.to_container(cfg.dataset, resolve=True)},
     )
@@ -175,7 +169,7 @@ def build_data(cfg: DictConfig, device: torch.device) -> FederatedData:
         100 * coverage["train_fraction_used"],
         len(labels),
     )
-    if coverage["missing_test_classes"] and not allow_missing:
+    if coverage["missing_test_classes"] and not scheme.allow_missing_classes:
         missing = coverage["missing_test_classes"]
         shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
         raise ConfigError(
@@ -217,22 +211,6 @@ def partition_coverage(dataset, partition) -> dict[str, Any]:
         "missing_test_classes": missing.tolist(),
         "test_accuracy_ceiling": float(covered / max(counts.sum(), 1)),
     }
-
-
-def reserve_server_pool(dataset, size: int, seed: int):
-    """Move `size` random training samples out of every client's reach into a server pool."""
-    if size <= 0:
-        return dataset
-    n = len(dataset.train_y)
-    if size >= n:
-        raise ConfigError(f"algorithm.server_pool: {size} >= the {n} training samples")
-    perm = np.random.default_rng([seed, 31337]).permutation(n)
-    pool, keep = np.sort(perm[:size]), np.sort(perm[size:])
-    dataset.server_x = dataset.train_x[pool]
-    dataset.train_x, dataset.train_y = dataset.train_x[keep], dataset.train_y[keep]
-    if dataset.train_client_ids is not None:
-        dataset.train_client_ids = dataset.train_client_ids[keep]
-    return dataset
 
 
 class Experiment:
@@ -307,7 +285,8 @@ class Experiment:
             for c in range(len(counts))
         ]
         path.write_text("\n".join([header, *rows]) + "\n")
-        title = f"{self.data.dataset.name}: {self.cfg.partition.name} partition, label shares"
+        scheme = get_object(self.cfg.partition._target_).name
+        title = f"{self.data.dataset.name}: {scheme} partition, label shares"
         plot = plot_label_distribution(counts, self.run_dir / "partition_labels.png", title)
         for logger in loggers:
             logger.log_artifact(plot, "partition/label_distribution")

@@ -55,8 +55,9 @@ def multikrum(
     updates: torch.Tensor,
     weights: torch.Tensor,
     num_malicious: int = 0,
-    f: Any = KNOWN,
-    num_selected: int | None = None,
+    *,
+    f: Any,
+    num_selected: int | None,
 ) -> torch.Tensor:
     """Unweighted mean of the updates Multi-Krum selects.
 

@@ -22,7 +22,8 @@ def trimmed_mean(
     updates: torch.Tensor,
     weights: torch.Tensor,
     num_malicious: int = 0,
-    beta: Any = KNOWN,
+    *,
+    beta: Any,
 ) -> torch.Tensor:
     """Trimmed mean of the rows of `updates`; unweighted (a client cannot buy weight).
 

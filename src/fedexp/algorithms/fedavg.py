@@ -28,9 +28,9 @@ class FedAvg(Algorithm):
     def __init__(
         self,
         ctx: BuildContext,
-        weighting: str = "samples",
-        server_lr: float = 1.0,
-        server_momentum: float = 0.0,
+        weighting: str,
+        server_lr: float,
+        server_momentum: float,
     ):
         super().__init__(ctx)
         if weighting not in ("samples", "uniform"):

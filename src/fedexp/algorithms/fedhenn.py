@@ -19,7 +19,6 @@ from N(0, 1) noise (rad_source=noise).
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
@@ -51,26 +50,29 @@ from fedexp.core.types import (
     ServerState,
     Weights,
 )
+from fedexp.data.server_pool import ServerDataRequest
 from fedexp.models.family import client_arch, family_size
 from fedexp.models.family import default_family as family_factory
 
 
 def fedhenn(
     ctx: BuildContext,
-    variant: str = "homogeneous",
-    kernel: str = "linear",
-    rbf_sigma: float = 1.0,
-    distance: str = "cka",
-    eta0: float = 0.01,
-    eta_schedule: str = "sqrt",
-    eta_step_every: int = 50,
-    eta_step_gamma: float = 2.0,
-    rad_size: int = 100,
-    rad_source: str = "train",
-    kernel_weighting: str = "uniform",
-    default_family: str = "auto",
-    server_pool: int = 0,  # consumed by fedexp.run before the partition; checked via the data
-    **fedavg_kwargs,
+    variant: str,
+    kernel: str,
+    rbf_sigma: float,
+    distance: str,
+    eta0: float,
+    eta_schedule: str,
+    eta_step_every: int,
+    eta_step_gamma: float,
+    rad_size: int,
+    rad_source: str,
+    kernel_weighting: str,
+    default_family: str,
+    server_pool: int,  # reserved before the partition (`server_data`); checked via the data
+    weighting: str,
+    server_lr: float,
+    server_momentum: float,
 ) -> Algorithm:
     """Build the FedHeNN variant named by `variant` (the `_target_` of algorithm=fedhenn)."""
     opts = AlignmentOptions(
@@ -93,12 +95,21 @@ def fedhenn(
                 "model: algorithm.variant=homogeneous needs one architecture, got a model "
                 f"family of {num_archs}; use e.g. model=cnn or algorithm.variant=heterogeneous"
             )
-        return FedHeNNHomogeneous(ctx, opts, **fedavg_kwargs)
-    inspect.signature(FedAvg).bind_partial(ctx, **fedavg_kwargs)  # unused here; typos refused
+        return FedHeNNHomogeneous(
+            ctx, opts, weighting=weighting, server_lr=server_lr, server_momentum=server_momentum
+        )
     if num_archs is None:  # one architecture chosen: draw clients' models from the default family
         ctx = replace(ctx, model_factory=family_factory(default_family, ctx.model_args))
         num_archs = family_size(ctx.model_factory)
     return FedHeNNHeterogeneous(ctx, opts, num_archs)
+
+
+def _server_data(cfg) -> ServerDataRequest:
+    """rad_source=holdout draws the RAD from `server_pool` samples no client holds."""
+    return ServerDataRequest(size=int(cfg.algorithm.server_pool), key="algorithm.server_pool")
+
+
+fedhenn.server_data = _server_data
 
 
 class FedHeNNHomogeneous(FedAvg):

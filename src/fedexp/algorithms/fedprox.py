@@ -25,7 +25,7 @@ class ProxModule(ClientModule):
 
 
 class FedProx(FedAvg):
-    def __init__(self, ctx: BuildContext, mu: float = 0.01, **kwargs):
+    def __init__(self, ctx: BuildContext, mu: float, **kwargs):
         if mu < 0:
             raise ConfigError(f"algorithm.mu: must be >= 0, got {mu}")
         self.mu = mu

@@ -32,7 +32,7 @@ class RepModule(ClientModule):
 class FedRep(FedAvg):
     has_global_model = False  # the global body has no head: personal metrics only
 
-    def __init__(self, ctx: BuildContext, head_epochs: int = 5, body_epochs: int = 1, **kwargs):
+    def __init__(self, ctx: BuildContext, head_epochs: int, body_epochs: int, **kwargs):
         if head_epochs < 0 or body_epochs < 0 or head_epochs + body_epochs == 0:
             raise ConfigError("algorithm.head_epochs/body_epochs: must be >= 0, not both 0")
         self.head_epochs, self.body_epochs = head_epochs, body_epochs

@@ -43,9 +43,9 @@ class FRL(Algorithm):
     def __init__(
         self,
         ctx: BuildContext,
-        k: float = 0.5,
-        weight_init: str = "signed_constant",
-        rank_key: str = "abs",
+        k: float,
+        weight_init: str,
+        rank_key: str,
     ):
         super().__init__(ctx)
         if rank_key not in RANK_KEYS:

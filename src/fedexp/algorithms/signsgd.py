@@ -31,8 +31,8 @@ class SignSGD(FedAvg):
 
     upload_type = Signs
 
-    def __init__(self, ctx: BuildContext, server_lr: float = 0.005, weighting: str = "uniform"):
-        super().__init__(ctx, weighting=weighting, server_lr=server_lr)
+    def __init__(self, ctx: BuildContext, server_lr: float, weighting: str):
+        super().__init__(ctx, weighting=weighting, server_lr=server_lr, server_momentum=0.0)
 
     def stack_uploads(self, results: Sequence[ClientResult]) -> torch.Tensor:
         return torch.stack([r.upload.values for r in results]).to(torch.float32)

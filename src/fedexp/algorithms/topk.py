@@ -37,8 +37,8 @@ class TopK(FedAvg):
     def __init__(
         self,
         ctx: BuildContext,
-        fraction: float = 0.1,
-        error_feedback: bool = True,
+        fraction: float,
+        error_feedback: bool,
         **kwargs,
     ):
         if not 0 < fraction <= 1:

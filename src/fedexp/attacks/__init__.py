@@ -35,7 +35,7 @@ class NoAttack:
     realised_fraction: float = 0.0  # malicious clients / all clients, once set up
     targets: tuple[type[Message], ...] | None = None  # None: any upload (data poisoning)
 
-    def __init__(self, fraction: float = 0.0):
+    def __init__(self, fraction: float):
         # `fraction` exists so that `attack.fraction=...` composes with every attack option
         if fraction:
             raise ConfigError(f"attack.fraction: {fraction} with attack=none; choose an attack")
@@ -77,7 +77,7 @@ class Attack(NoAttack):
     name = "attack"
     targets: tuple[type[Message], ...] | None = ()
 
-    def __init__(self, fraction: float = 0.2):
+    def __init__(self, fraction: float):
         if not 0 <= fraction < 1:
             raise ConfigError(f"attack.fraction: must be in [0, 1), got {fraction}")
         self.fraction = fraction

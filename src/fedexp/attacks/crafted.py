@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 import torch
 
-from fedexp.aggregators import aggregator_name
+from fedexp.aggregators import KNOWN, aggregator_name
 from fedexp.aggregators.multikrum import krum_select, pairwise_sq_distances, selection_size
 from fedexp.aggregators.trimmed_mean import trimmed_mean
 from fedexp.attacks import Attack
@@ -98,7 +98,7 @@ def krum_selects_all(malicious: torch.Tensor, known: torch.Tensor, copies: int) 
 def trimmed_mean_deviation(malicious: torch.Tensor, known: torch.Tensor, copies: int) -> float:
     """|TrMean(β = copies) of [copies × ∇_m; known] − mean(known)|."""
     updates = with_copies(malicious, known, copies)
-    aggregate = trimmed_mean(updates, torch.ones(len(updates)), num_malicious=copies)
+    aggregate = trimmed_mean(updates, torch.ones(len(updates)), num_malicious=copies, beta=KNOWN)
     return float((aggregate - known.mean(0)).norm())
 
 
@@ -109,10 +109,10 @@ class CraftedAttack(Attack):
 
     def __init__(
         self,
-        fraction: float = 0.2,
-        knowledge: str = "malicious",
-        pool: str = "all",
-        pool_size: int = 25,
+        fraction: float,
+        knowledge: str,
+        pool: str,
+        pool_size: int,
     ):
         super().__init__(fraction)
         if knowledge not in KNOWLEDGE:
@@ -154,11 +154,11 @@ class LIE(CraftedAttack):
 
     def __init__(
         self,
-        fraction: float = 0.2,
-        knowledge: str = "malicious",
-        pool: str = "all",
-        pool_size: int = 25,
-        z: float | None = None,
+        fraction: float,
+        knowledge: str,
+        pool: str,
+        pool_size: int,
+        z: float | None,
     ):
         super().__init__(fraction, knowledge, pool, pool_size)
         self.z = z
@@ -180,13 +180,13 @@ class PerturbationAttack(CraftedAttack):
 
     def __init__(
         self,
-        fraction: float = 0.2,
-        knowledge: str = "malicious",
-        pool: str = "all",
-        pool_size: int = 25,
-        perturbation: str = "std",
-        gamma_init: float = 10.0,
-        tolerance: float = 1e-5,
+        fraction: float,
+        knowledge: str,
+        pool: str,
+        pool_size: int,
+        perturbation: str,
+        gamma_init: float,
+        tolerance: float,
     ):
         super().__init__(fraction, knowledge, pool, pool_size)
         if perturbation not in PERTURBATIONS:
@@ -237,7 +237,7 @@ class AGRTailored(PerturbationAttack):
 
     name = "agr_tailored"
 
-    def __init__(self, fraction: float = 0.2, target: str = "auto", **kwargs):
+    def __init__(self, fraction: float, target: str, **kwargs):
         super().__init__(fraction, **kwargs)
         if target not in AGR_TARGETS:
             raise ConfigError(f"attack.target: must be one of {AGR_TARGETS}, got {target!r}")

@@ -25,7 +25,7 @@ class Scaling(Attack):
     name = "scaling"
     targets = (Weights, SparseDelta)
 
-    def __init__(self, fraction: float = 0.2, factor: float = 100.0):
+    def __init__(self, fraction: float, factor: float):
         super().__init__(fraction)
         if factor == 0:
             raise ConfigError("attack.factor: must be non-zero")

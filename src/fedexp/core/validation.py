@@ -10,7 +10,6 @@ checks, so adding a component never means editing this file:
 - `check_data(cfg, data)` works the same way and runs once the data is loaded and partitioned,
   before the model and algorithm are built, for checks that need data facts (input shape, number
   of classes, client ids).
-- A partition scheme (a function in `fedexp.data.partition.SCHEMES`) may carry the same two hooks.
 - A rule that belongs to no single component: `@config_rule` / `@data_rule` on a module-level
   function `(cfg)` / `(cfg, data)`; it is active once its module is imported (this module's
   rules always; a rule in a component's module when that component is in the config, because
@@ -107,14 +106,8 @@ def components(cfg: DictConfig) -> Iterator[tuple[str, Any]]:
                 yield f"{key}.{sub}", target(cfg, f"{key}.{sub}")
 
 
-def partition_scheme(cfg: DictConfig) -> Any | None:
-    from fedexp.data.partition import SCHEMES
-
-    return SCHEMES.get(cfg.partition.get("name")) if cfg.get("partition") else None
-
-
 def _hooks(cfg: DictConfig, name: str) -> Iterator[Callable]:
-    objs = [obj for _key, obj in components(cfg)] + [partition_scheme(cfg)]
+    objs = [obj for _key, obj in components(cfg)]
     for obj in objs:
         hook = getattr(obj, name, None)
         if callable(hook):
@@ -159,7 +152,6 @@ SCALARS: dict[str, tuple[Any, tuple[str, float] | None]] = {
 }
 _BOUNDS = {">=": operator.ge, ">": operator.gt}
 _SEQUENCES = (list, tuple, Sequence)
-_PARTITION_OWN = ("name", "test_fraction", "reduce_fraction", "reduce_factor")
 
 
 def fits(value: Any, ann: Any) -> bool:
@@ -225,7 +217,7 @@ def check_value(key: str, value: Any, ann: Any, bound: tuple[str, float] | None 
 
 def check_types(cfg: DictConfig) -> None:
     """Types and ranges of the run scalars (`SCALARS`), then of every component's options
-    against its target's annotations (and the partition scheme's); raises ConfigError."""
+    against its target's annotations; raises ConfigError."""
     from fedexp.core.config import annotations_of
 
     missing = object()
@@ -234,14 +226,11 @@ def check_types(cfg: DictConfig) -> None:
         if value is not missing:
             check_value(key, value, ann, bound)
     nodes = [(key, obj, OmegaConf.select(cfg, key)) for key, obj in components(cfg)]
-    scheme = partition_scheme(cfg)
-    if scheme is not None:
-        nodes.append(("partition", scheme, cfg.partition))
     for key, obj, node in nodes:
         anns = annotations_of(obj)
         values = OmegaConf.to_container(node, resolve=True)
         for name, value in values.items():
-            if name in anns and not (key == "partition" and name in _PARTITION_OWN):
+            if name in anns:
                 check_value(f"{key}.{name}", value, anns[name])
 
 
@@ -266,12 +255,3 @@ def objective_is_a_metric_name(cfg: DictConfig) -> None:
     from fedexp.run import check_objective_name
 
     check_objective_name(cfg.get("objective", "auto"))
-
-
-@config_rule
-def partition_scheme_exists(cfg: DictConfig) -> None:
-    from fedexp.data.partition import SCHEMES
-
-    name = cfg.partition.get("name") if cfg.get("partition") else None
-    if name not in SCHEMES:
-        raise ConfigError(f"partition.name: unknown scheme {name!r}; one of {sorted(SCHEMES)}")

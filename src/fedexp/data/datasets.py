@@ -82,7 +82,7 @@ def _split_holdout(x, y, fraction: float, seed: int):
     return x[train], y[train], x[test], y[test]
 
 
-def load_digits(test_fraction: float = 0.2, seed: int = 0, **_) -> Dataset:
+def load_digits(test_fraction: float, seed: int = 0, **_) -> Dataset:
     """scikit-learn's bundled 8x8 handwritten digits (1797 images, shipped with the package)."""
     from sklearn.datasets import load_digits as sk_digits
 
@@ -95,12 +95,12 @@ def load_digits(test_fraction: float = 0.2, seed: int = 0, **_) -> Dataset:
 
 
 def load_synthetic(
-    alpha: float = 1.0,
-    beta: float = 1.0,
+    alpha: float,
+    beta: float,
+    dimension: int,
+    num_classes: int,
+    iid: bool,
     num_clients: int = 30,
-    dimension: int = 60,
-    num_classes: int = 10,
-    iid: bool = False,
     seed: int = 0,
     **_,
 ) -> Dataset:
@@ -247,14 +247,14 @@ def _load_cifar(
     )
 
 
-def load_cifar10(data_dir: str, download: bool = False, augment: bool = False, **_) -> Dataset:
+def load_cifar10(data_dir: str, download: bool, augment: bool, **_) -> Dataset:
     """CIFAR-10 from the python-pickle layout torchvision uses (cifar-10-batches-py/)."""
     from torchvision.datasets import CIFAR10 as Downloader
 
     return _load_cifar(CIFAR10, data_dir, download, Downloader, augment)
 
 
-def load_cifar100(data_dir: str, download: bool = False, augment: bool = False, **_) -> Dataset:
+def load_cifar100(data_dir: str, download: bool, augment: bool, **_) -> Dataset:
     """CIFAR-100 (100 fine labels) from the python-pickle layout (cifar-100-python/{train,test})."""
     from torchvision.datasets import CIFAR100 as Downloader
 
@@ -316,14 +316,14 @@ def _load_idx_dataset(
     )
 
 
-def load_mnist(data_dir: str, download: bool = False, **_) -> Dataset:
+def load_mnist(data_dir: str, download: bool, **_) -> Dataset:
     """MNIST (torchvision layout MNIST/raw/), normalised with the usual mean 0.1307, std 0.3081."""
     from torchvision.datasets import MNIST
 
     return _load_idx_dataset("MNIST", "MNIST", data_dir, download, MNIST, (0.1307,), (0.3081,))
 
 
-def load_fmnist(data_dir: str, download: bool = False, **_) -> Dataset:
+def load_fmnist(data_dir: str, download: bool, **_) -> Dataset:
     """Fashion-MNIST (torchvision layout FashionMNIST/raw/), mean 0.2860, std 0.3530."""
     from torchvision.datasets import FashionMNIST
 

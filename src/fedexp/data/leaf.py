@@ -204,9 +204,7 @@ def _cached(cache_dir: str | None, sources: list[Path], read) -> dict[str, np.nd
     return arrays
 
 
-def load_femnist(
-    data_dir: str, download: bool = False, cache_dir: str | None = None, **_
-) -> Dataset:
+def load_femnist(data_dir: str, download: bool, cache_dir: str | None, **_) -> Dataset:
     """FEMNIST: 28x28 handwritten characters, 62 classes, writer ids as natural clients.
 
     Reads LEAF JSON (data_dir/{train,test}/*.json, or data_dir/*.json) or else the HF parquet

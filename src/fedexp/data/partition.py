@@ -1,24 +1,18 @@
 """Partitions: split a labelled training pool into client index sets.
 
-Each scheme is a pure function of (labels, num_clients, rng, params) returning one index array per
-client. `partition_dataset` adds the per-client local train/test split and caches the result.
+Each scheme is a pure function of (labels, num_clients, rng, options) returning one index array
+per client; its options come from `conf/partition/<scheme>.yaml` through the scheme's component
+in `fedexp.data.schemes`, which adds the per-client local split and the cache.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from fedexp.core.types import ConfigError
 from fedexp.data.class_deal import blind_shards, deal_classes
-from fedexp.data.partition_cache import digest as _digest
-from fedexp.data.partition_cache import load as _load
-from fedexp.data.partition_cache import save as _save
 
 # bump when a scheme's output for the same inputs changes: older cached partitions are not reused
 PARTITION_VERSION = 2
@@ -47,14 +41,14 @@ def shards(
     labels: np.ndarray,
     num_clients: int,
     rng: np.random.Generator,
-    classes_per_client: int = 2,
+    classes_per_client: int,
+    exact: bool,
     num_classes: int | None = None,
-    exact: bool = True,
     **_,
 ) -> list[np.ndarray]:
     """McMahan et al.'s pathological non-iid split.
 
-    exact=True (default): every client gets Z *distinct* classes drawn by a random, class-balanced
+    exact=True: every client gets Z *distinct* classes drawn by a random, class-balanced
     deal (`deal_classes`: class sets as varied as McMahan's random deal of shards); each class is
     cut into as many near-equal shards as it has clients (shard counts per class differ by at
     most one across classes) and each sample is used at most once. exact=False: the original
@@ -97,9 +91,9 @@ def dirichlet(
     labels: np.ndarray,
     num_clients: int,
     rng: np.random.Generator,
-    beta: float = 0.5,
-    min_size: int = 10,
-    max_retries: int = 100,
+    beta: float,
+    min_size: int,
+    max_retries: int,
     **_,
 ) -> list[np.ndarray]:
     """Per class, client shares ~ Dir(beta); redrawn until every client has min_size samples."""
@@ -127,9 +121,9 @@ def natural(
     labels: np.ndarray,
     num_clients: int,
     rng: np.random.Generator,
-    client_ids: np.ndarray | None = None,
-    min_samples: int = 0,
-    max_clients: int | None = None,
+    client_ids: np.ndarray | None,
+    min_samples: int,
+    max_clients: int | None,
     **_,
 ) -> list[np.ndarray]:
     """One client per natural owner (writer, user, generating client), in owner order.
@@ -164,11 +158,11 @@ def multimodal(
     labels: np.ndarray,
     num_clients: int,
     rng: np.random.Generator,
-    classes_per_client: int = 2,
-    group_ratio: int = 5,
-    majority_classes: list[int] | None = None,
-    minority_classes: list[int] | None = None,
-    samples_per_client: int | None = None,
+    classes_per_client: int,
+    group_ratio: int,
+    majority_classes: list[int] | None,
+    minority_classes: list[int] | None,
+    samples_per_client: int | None,
     num_classes: int | None = None,
     **_,
 ) -> tuple[list[np.ndarray], list[str]]:
@@ -224,15 +218,6 @@ def multimodal(
     return [np.sort(np.concatenate(p)) for p in parts], groups
 
 
-SCHEMES: dict[str, Callable[..., list[np.ndarray] | tuple[list[np.ndarray], list[str]]]] = {
-    "iid": iid,
-    "shards": shards,
-    "dirichlet": dirichlet,
-    "natural": natural,
-    "multimodal": multimodal,
-}
-
-
 def local_split(
     parts: list[np.ndarray],
     test_fraction: float,
@@ -283,58 +268,6 @@ def reduce_clients(
         keep = max(1, int(round(factor * len(out[c]))))
         out[c] = np.sort(rng.choice(out[c], keep, replace=False))
     return out
-
-
-def partition_dataset(
-    labels: np.ndarray,
-    num_clients: int,
-    scheme: str,
-    seed: int,
-    params: dict,
-    client_ids: np.ndarray | None = None,
-    test_fraction: float = 0.2,
-    val_fraction: float = 0.0,
-    cache_dir: str | Path | None = None,
-    cache_key: dict | None = None,
-) -> Partition:
-    """Partition the training pool and split each client locally; cached under cache_dir."""
-    if scheme not in SCHEMES:
-        raise ConfigError(f"partition.name: unknown scheme {scheme!r}; one of {sorted(SCHEMES)}")
-    key = dict(
-        cache_key or {},
-        scheme=scheme,
-        params=params,
-        num_clients=num_clients,
-        seed=seed,
-        test_fraction=test_fraction,
-        val_fraction=val_fraction,
-        n=len(labels),
-        labels=_digest(labels),
-        client_ids=None if client_ids is None else _digest(client_ids),
-        version=PARTITION_VERSION,
-    )
-    path = None
-    if cache_dir is not None:
-        digest = hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
-        path = Path(cache_dir).expanduser() / "partitions" / f"{digest[:20]}.npz"
-        cached = _load(path, num_clients, len(labels))
-        if cached is not None:  # a missing or unreadable file is a miss, rewritten below
-            return cached
-    params = dict(params)
-    reduce_fraction = float(params.pop("reduce_fraction", 0.0))
-    reduce_factor = float(params.pop("reduce_factor", 1.0))
-    rng = np.random.default_rng([seed, 4242])
-    parts = SCHEMES[scheme](labels, num_clients, rng, client_ids=client_ids, **params)
-    # a scheme with client groups (multimodal) returns (parts, group label per client)
-    parts, groups = parts if isinstance(parts, tuple) else (parts, None)
-    train, val, test = local_split(parts, test_fraction, rng, val_fraction)
-    train = reduce_clients(train, reduce_fraction, reduce_factor, seed)
-    if min(len(t) for t in train) == 0:
-        raise ConfigError(f"num_clients: {num_clients} clients leave some with no training data")
-    partition = Partition(train, test, groups, val if val_fraction > 0 else None)
-    if path is not None:
-        _save(path, partition)
-    return partition
 
 
 def class_counts(labels: np.ndarray, partition: Partition, num_classes: int) -> np.ndarray:

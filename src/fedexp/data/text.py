@@ -180,10 +180,10 @@ class Sent140Encoder:
 
 def load_sent140(
     data_dir: str,
-    seq_len: int = 25,
-    min_count: int = 1,
-    max_vocab: int | None = 10000,
-    glove_path: str | None = None,
+    seq_len: int,
+    min_count: int,
+    max_vocab: int | None,
+    glove_path: str | None,
     **_,
 ) -> Dataset:
     """Sent140 from the original CSV (*.csv in data_dir but testdata*) or LEAF JSON.

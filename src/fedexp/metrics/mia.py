@@ -169,12 +169,12 @@ class MembershipInferenceAudit:
     def __init__(
         self,
         ctx,
-        num_shadows: int = 3,
-        num_targets: int = 2,
-        every: int = 0,
-        max_samples: int = 1000,
-        attack_model: str = "gbdt",
-        shadow_data: str = "target",
+        num_shadows: int,
+        num_targets: int,
+        every: int,
+        max_samples: int,
+        attack_model: str,
+        shadow_data: str,
     ):
         checks = [
             (num_shadows >= 1, "num_shadows", f"must be >= 1, got {num_shadows}"),

@@ -28,9 +28,9 @@ def _flat_size(body: nn.Module, input_shape: tuple[int, ...]) -> int:
 def cnn(
     input_shape: tuple[int, ...],
     num_classes: int,
-    channels: tuple[int, int] = (32, 64),
-    hidden: tuple[int, int] = (512, 128),
-    kernel_size: int = 5,
+    channels: tuple[int, int],
+    hidden: tuple[int, int],
+    kernel_size: int,
 ):
     """2 conv layers each followed by max-pooling, then 3 fully connected (FedHeNN's CIFAR CNN)."""
     c0 = input_shape[0]

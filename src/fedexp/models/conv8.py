@@ -28,9 +28,9 @@ def conv_stack(in_channels: int, widths: tuple[int, ...], bias: bool) -> list[nn
 def conv8(
     input_shape: tuple[int, ...],
     num_classes: int,
-    channels: tuple[int, ...] = (64, 64, 128, 128, 256, 256, 512, 512),
-    hidden: tuple[int, ...] = (256, 256),
-    bias: bool = True,
+    channels: tuple[int, ...],
+    hidden: tuple[int, ...],
+    bias: bool,
 ) -> BodyHead:
     """Conv8; `bias: false` matches FRL's reference code (its builder has no biases)."""
     convs = nn.Sequential(*conv_stack(input_shape[0], tuple(channels), bias), nn.Flatten())

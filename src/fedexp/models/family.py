@@ -65,11 +65,12 @@ def family_layouts(num_archs: int, layouts: tuple = CNN_FAMILY_LAYOUTS) -> list:
 def cnn_family(
     input_shape: tuple[int, ...],
     num_classes: int,
+    *,
+    num_archs: int,
+    channels: tuple[int, ...],
+    hidden: tuple[int, ...],
+    kernel_size: int,
     arch: int | None = None,
-    num_archs: int = 5,
-    channels: tuple[int, ...] = (16, 32, 64),
-    hidden: tuple[int, ...] = (256, 128),
-    kernel_size: int = 3,
 ) -> BodyHead:
     """Architecture `arch` of FedHeNN's heterogeneous CNNs: 1 conv + 1 FC up to 3 conv + 3 FC.
 

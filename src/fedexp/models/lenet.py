@@ -13,9 +13,9 @@ from fedexp.models.mlp import BodyHead
 def lenet(
     input_shape: tuple[int, ...],
     num_classes: int,
-    channels: tuple[int, int] = (32, 64),
-    hidden: int = 128,
-    bias: bool = True,
+    channels: tuple[int, int],
+    hidden: int,
+    bias: bool,
 ) -> BodyHead:
     """The dense model; FRL trains its supermask twin. `bias: false` matches FRL's code."""
     convs = nn.Sequential(*conv_stack(input_shape[0], tuple(channels), bias), nn.Flatten())

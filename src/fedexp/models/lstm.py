@@ -56,27 +56,22 @@ class LSTMBody(nn.Module):
 def lstm(
     input_shape: tuple[int, ...],
     num_classes: int,
+    *,
+    embed_dim: int,
+    hidden: int,
+    num_layers: int,
+    fc_hidden: int,
+    freeze_pretrained: bool,
     vocab_size: int | None = None,
     pretrained_embeddings: torch.Tensor | None = None,
-    embed_dim: int = 100,
-    hidden: int = 100,
-    num_layers: int = 2,
-    fc_hidden: int = 128,
-    freeze_pretrained: bool = True,
-    arch: int | None = None,
-    num_archs: int = 2,
 ) -> BodyHead:
-    """The LSTM classifier; `arch` i (heterogeneous clients) means i + 1 LSTM layers.
+    """The LSTM classifier (embedding, `num_layers` LSTM layers, FC + ReLU, FC).
 
     `vocab_size` and `pretrained_embeddings` come from the text dataset (`model_kwargs`); with
     pretrained vectors the embedding size is theirs and `embed_dim` is ignored.
     """
     if vocab_size is None:
         raise ConfigError("model: lstm needs a text dataset that gives vocab_size (sent140)")
-    if arch is not None:
-        if not 0 <= arch < num_archs:
-            raise ConfigError(f"model.num_archs: arch {arch} outside [0, {num_archs})")
-        num_layers = arch + 1
     body = LSTMBody(
         vocab_size,
         embed_dim,
@@ -87,3 +82,35 @@ def lstm(
         freeze_pretrained,
     )
     return BodyHead(body, nn.Linear(fc_hidden, num_classes))
+
+
+def lstm_family(
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    *,
+    num_archs: int,
+    embed_dim: int,
+    hidden: int,
+    fc_hidden: int,
+    freeze_pretrained: bool,
+    arch: int | None = None,
+    vocab_size: int | None = None,
+    pretrained_embeddings: torch.Tensor | None = None,
+) -> BodyHead:
+    """The LSTM as a family for heterogeneous clients: `arch` i has i + 1 LSTM layers.
+
+    Without `arch` (an algorithm with one architecture) the largest, `num_archs` layers.
+    """
+    if arch is not None and not 0 <= arch < num_archs:
+        raise ConfigError(f"model.num_archs: arch {arch} outside [0, {num_archs})")
+    return lstm(
+        input_shape,
+        num_classes,
+        embed_dim=embed_dim,
+        hidden=hidden,
+        num_layers=num_archs if arch is None else arch + 1,
+        fc_hidden=fc_hidden,
+        freeze_pretrained=freeze_pretrained,
+        vocab_size=vocab_size,
+        pretrained_embeddings=pretrained_embeddings,
+    )

@@ -19,7 +19,7 @@ class BodyHead(nn.Module):
         return self.head(self.body(x))
 
 
-def mlp(input_shape: tuple[int, ...], num_classes: int, hidden: tuple[int, ...] = (200, 200)):
+def mlp(input_shape: tuple[int, ...], num_classes: int, hidden: tuple[int, ...]):
     """MLP with ReLU hidden layers (digits, synthetic)."""
     layers: list[nn.Module] = [nn.Flatten()]
     width = math.prod(input_shape)

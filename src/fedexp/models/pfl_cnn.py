@@ -12,7 +12,7 @@ from fedexp.models.cnn import _flat_size
 from fedexp.models.mlp import BodyHead
 
 
-def pfl_cnn(input_shape: tuple[int, ...], num_classes: int, hidden: int = 128) -> BodyHead:
+def pfl_cnn(input_shape: tuple[int, ...], num_classes: int, hidden: int) -> BodyHead:
     """pfl-research's `simple_cnn`; the body ends at the 128-wide representation."""
     convs = nn.Sequential(
         nn.Conv2d(input_shape[0], 32, 3),
