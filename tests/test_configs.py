@@ -34,7 +34,8 @@ REQUIRES: dict[tuple[str, str], tuple[str, ...]] = {
 def options():
     for group in sorted(p for p in CONF.iterdir() if p.is_dir() and p.name not in SKIP_GROUPS):
         for option in sorted(group.glob("*.yaml")):
-            yield group.name, option.stem
+            if not option.stem.startswith("_"):  # partial configs, included by the options
+                yield group.name, option.stem
 
 
 def load(overrides, tmp_path):

@@ -1,5 +1,6 @@
 import torch
 
+from components import with_yaml
 from fedexp.algorithms.fedavg import FedAvg
 from fedexp.algorithms.fedprox import FedProx
 from fedexp.algorithms.fedrep import FedRep
@@ -7,6 +8,10 @@ from fedexp.core.algorithm import flat_params
 from fedexp.core.executors import SequentialExecutor
 from fedexp.core.types import ClientResult, RoundContext, ServerState, Weights
 from handworld import make_ctx, small_mlp
+
+FedAvg = with_yaml(FedAvg, "algorithm", "fedavg")
+FedProx = with_yaml(FedProx, "algorithm", "fedprox")
+FedRep = with_yaml(FedRep, "algorithm", "fedrep")
 
 
 def one_round(algo, data, round_idx=1, batch_size=1):

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from components import with_yaml
 from conftest import smoke_experiment
 from fedexp.algorithms.fedavg import FedAvg
 from fedexp.algorithms.fedhenn import client_arch
@@ -32,6 +33,10 @@ from fedexp.models.family import cnn_family
 from fedexp.models.mlp import mlp
 from fedexp.run import Experiment
 from handworld import client_cfg
+
+FedAvg = with_yaml(FedAvg, "algorithm", "fedavg")
+cnn_family = with_yaml(cnn_family, "model", "cnn_family")
+mlp = with_yaml(mlp, "model", "mlp")
 
 REPO = Path(__file__).resolve().parents[2]
 HETERO = ("algorithm=fedhenn", "algorithm.variant=heterogeneous", "model=cnn_family")

@@ -7,6 +7,7 @@ from functools import partial
 import torch
 from omegaconf import OmegaConf
 
+from components import with_yaml
 from fedexp.aggregators.rank_vote import rank_vote
 from fedexp.algorithms.frl import FRL
 from fedexp.core.algorithm import BuildContext
@@ -16,6 +17,8 @@ from fedexp.core.messages import Ranking
 from fedexp.core.types import ClientResult, RoundContext
 from fedexp.models.mlp import mlp
 from fedexp.models.supermask import edge_mask, supermask_layers
+
+FRL = with_yaml(FRL, "algorithm", "frl")
 
 CLIENT = OmegaConf.create(
     {

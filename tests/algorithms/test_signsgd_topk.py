@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from components import with_yaml
 from fedexp.aggregators.sign_vote import sign_vote
 from fedexp.algorithms.signsgd import SignSGD, to_signs
 from fedexp.algorithms.topk import TopK, top_fraction
@@ -12,6 +13,9 @@ from fedexp.core.algorithm import flat_params
 from fedexp.core.messages import Signs, SparseDelta
 from fedexp.core.types import ClientResult, RoundContext, ServerState, Weights
 from handworld import mlp_ctx
+
+SignSGD = with_yaml(SignSGD, "algorithm", "signsgd")
+TopK = with_yaml(TopK, "algorithm", "topk")
 
 make_ctx = mlp_ctx
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from components import with_yaml
 from fedexp.aggregators.mean import weighted_mean
 from fedexp.algorithms.fedavg import FedAvg
 from fedexp.algorithms.waffle import DictionaryPayload, WAFFLe
@@ -21,6 +22,9 @@ from fedexp.data.federated import FederatedData
 from fedexp.data.partition import Partition
 from fedexp.models.cnn import lenet5
 from fedexp.models.mlp import mlp
+
+WAFFLe = with_yaml(WAFFLe, "algorithm", "waffle")
+FedAvg = with_yaml(FedAvg, "algorithm", "fedavg")
 
 CLIENT = SimpleNamespace(
     local_epochs=1, batch_size=10, optimizer="sgd", lr=0.1, momentum=0.0, weight_decay=0.0

@@ -21,7 +21,7 @@ def test_fedavg_sent140_lstm_cli(cli):
     cli("debug=smoke", "dataset=sent140", "model=lstm", f"dataset.data_dir={data}")
     (summary,) = summaries(cli.cwd / "outputs")
     assert summary["status"] == "completed"
-    assert summary["config"]["partition"]["name"] == "natural"
+    assert summary["config"]["partition"]["_target_"].endswith(".Natural")
     assert 0.0 <= summary["metrics"]["eval/global/acc"] <= 1.0
     (run_dir,) = run_dirs(cli.cwd / "outputs")
     assert len((run_dir / "partition_stats.csv").read_text().splitlines()) == 1 + 6  # clients

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from components import with_yaml
 from conftest import main_in_process, write_sent140_csv
 from fedexp.core.types import ConfigError
 from fedexp.core.validation import config_rule, validate_config, with_checks
@@ -25,7 +26,7 @@ BAD_CONFIGS: list[tuple[tuple[str, ...], str]] = [
     (("dataset=synthetic", "model=cnn"), "model: fedexp.models.cnn.cnn needs image inputs"),
     (("dataset=cifar10",), "dataset.data_dir: CIFAR-10 not found"),
     (("partition.classes_per_client=11",), "partition.classes_per_client: 11 exceeds"),
-    (("partition.name=bogus",), "partition.name: unknown scheme 'bogus'"),
+    (("partition._target_=fedexp.data.schemes.Bogus",), "partition._target_: cannot import"),
     (("clients_per_round=50",), "clients_per_round: must be in [1, num_clients=6]"),
     (("client.lr=-1",), "client.lr: must be > 0"),
     (("algorithm=fedprox", "algorithm.mu=-1"), "algorithm.mu: must be >= 0"),
@@ -160,7 +161,7 @@ def picky_factory(input_shape, num_classes):
 
 
 def config_with(**nodes):
-    base = {"rounds": 3, "partition": {"name": "iid"}, "checkpoint_every": 0}
+    base = {"rounds": 3, "checkpoint_every": 0}
     return OmegaConf.create({**base, **nodes})
 
 
@@ -199,6 +200,9 @@ def test_a_cap_that_only_some_rounds_hit_is_a_warning_once(caplog):
     from fedexp.aggregators.multikrum import multikrum
     from fedexp.aggregators.trimmed_mean import trimmed_mean
 
+    multikrum = with_yaml(multikrum, "aggregator", "multikrum")
+    trimmed_mean = with_yaml(trimmed_mean, "aggregator", "trimmed_mean")
+
     _warned.clear()
     updates = torch.tensor([[1.0], [2.0], [9.0]])
     weights = torch.ones(3)
@@ -224,6 +228,8 @@ def test_an_attack_says_when_its_fraction_rounds_and_logs_the_realised_one(
     from types import SimpleNamespace
 
     from fedexp.attacks.transform import Scaling
+
+    Scaling = with_yaml(Scaling, "attack", "scaling")
 
     attack = Scaling(fraction=fraction)
     with caplog.at_level("WARNING"):

@@ -10,11 +10,15 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from components import with_yaml
 from fedexp.attacks.crafted import AGRTailored, MinMax
 from fedexp.attacks.pool import pool_extras
 from fedexp.core.executors import SequentialExecutor, train_aside
 from fedexp.core.types import ClientResult, ConfigError, RoundContext, Weights
 from fedexp.run import Experiment
+
+MinMax = with_yaml(MinMax, "attack", "min_max")
+AGRTailored = with_yaml(AGRTailored, "attack", "agr_tailored")
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 # FedAvg on the bundled digits, 50 clients, 25 a round (the FRL paper's cohort), 20 % attackers

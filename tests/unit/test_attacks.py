@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from components import with_yaml
 from fedexp.aggregators import malicious_count
 from fedexp.aggregators.multikrum import multikrum
 from fedexp.attacks import NoAttack
@@ -28,6 +29,14 @@ from fedexp.attacks.rank_reversal import RankReversal, reversed_consensus
 from fedexp.attacks.transform import Scaling, SignFlip
 from fedexp.core.messages import Ranking, Signs
 from fedexp.core.types import ClientResult, ConfigError, RoundContext, Weights
+
+SignFlip = with_yaml(SignFlip, "attack", "sign_flip")
+NoAttack = with_yaml(NoAttack, "attack", "none")
+RankReversal = with_yaml(RankReversal, "attack", "rank_reversal")
+LabelFlip = with_yaml(LabelFlip, "attack", "label_flip")
+Scaling = with_yaml(Scaling, "attack", "scaling")
+LIE = with_yaml(LIE, "attack", "lie")
+AGRTailored = with_yaml(AGRTailored, "attack", "agr_tailored")
 
 CTX = RoundContext(1, (0, 1, 2, 3), 0)
 

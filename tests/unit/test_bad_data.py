@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from components import with_yaml
 from conftest import main_in_process
 from datafiles import (
     MARKER,
@@ -39,6 +40,8 @@ from fedexp.data.datasets import (
 )
 from fedexp.data.leaf import load_femnist
 from fedexp.data.text import load_sent140
+
+load_cifar10 = with_yaml(load_cifar10, "dataset", "cifar10")
 
 
 # ---- 1. loading never runs code ------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from components import with_yaml
 from fedexp.aggregators.rank_vote import rank_vote
 from fedexp.aggregators.sign_vote import sign_vote
 from fedexp.algorithms.fedavg import FedAvg
@@ -14,6 +15,11 @@ from fedexp.core.messages import Ranking, Signs, SparseDelta
 from fedexp.core.types import RoundContext
 from fedexp.metrics.comm import index_bits, permutation_bits
 from handworld import mlp_ctx
+
+FedAvg = with_yaml(FedAvg, "algorithm", "fedavg")
+SignSGD = with_yaml(SignSGD, "algorithm", "signsgd")
+TopK = with_yaml(TopK, "algorithm", "topk")
+FRL = with_yaml(FRL, "algorithm", "frl")
 
 make_ctx = mlp_ctx
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from components import with_yaml
 from conftest import REPO, run_dirs, summaries
 from datafiles import (
     cifar10_batch,
@@ -32,6 +33,12 @@ from fedexp.data.datasets import (
     load_mnist,
 )
 from fedexp.data.leaf import load_femnist
+
+load_mnist = with_yaml(load_mnist, "dataset", "mnist")
+load_fmnist = with_yaml(load_fmnist, "dataset", "fmnist")
+load_cifar10 = with_yaml(load_cifar10, "dataset", "cifar10")
+load_cifar100 = with_yaml(load_cifar100, "dataset", "cifar100")
+load_femnist = with_yaml(load_femnist, "dataset", "femnist", cache_dir=None)
 
 
 def test_mnist_idx_plain_and_gz(tmp_path):

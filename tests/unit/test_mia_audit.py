@@ -115,7 +115,7 @@ def test_the_attack_scores_vary_on_clients_that_overfit_a_non_iid_shard(tmp_path
         "client.local_epochs=30",
         "partition.val_fraction=0",
     )
-    assert exp.cfg.partition.name == "shards" and exp.cfg.privacy.attack_model == "gbdt"
+    assert exp.cfg.partition._target_.endswith(".Shards") and exp.cfg.privacy.attack_model == "gbdt"
     algorithm, audit = exp.algorithm, exp.callbacks[0]
     scored = []
 

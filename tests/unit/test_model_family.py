@@ -8,8 +8,11 @@ import pytest
 import torch
 from torch import nn
 
+from components import with_yaml
 from fedexp.core.types import ConfigError
 from fedexp.models.family import cnn_family, family_layouts, family_size
+
+cnn_family = with_yaml(cnn_family, "model", "cnn_family")
 
 
 def layer_counts(model: nn.Module) -> tuple[int, int]:

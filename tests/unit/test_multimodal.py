@@ -5,8 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from components import partition_dataset, with_yaml
 from fedexp.core.types import ConfigError
-from fedexp.data.partition import multimodal, partition_dataset
+from fedexp.data.partition import multimodal
+
+multimodal = with_yaml(multimodal, "partition", "multimodal")
 
 LABELS = np.repeat(np.arange(10), 100)  # 10 classes x 100 samples
 

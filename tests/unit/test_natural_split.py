@@ -5,8 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from components import with_yaml
 from fedexp.core.types import ConfigError
 from fedexp.data.partition import natural
+
+natural = with_yaml(natural, "partition", "natural", max_clients=None, min_samples=0)
 
 OWNERS = np.array(["b", "a", "b", "c", "a", "b", "d", "d"])  # a: 2, b: 3, c: 1, d: 2 samples
 

@@ -1,8 +1,12 @@
 import numpy as np
 import pytest
 
+from components import partition_dataset, with_yaml
 from fedexp.core.types import ConfigError
-from fedexp.data.partition import dirichlet, iid, partition_dataset, shards
+from fedexp.data.partition import dirichlet, iid, shards
+
+shards = with_yaml(shards, "partition", "shards")
+dirichlet = with_yaml(dirichlet, "partition", "dirichlet")
 
 LABELS = np.repeat(np.arange(10), 50)  # 10 classes x 50 samples
 

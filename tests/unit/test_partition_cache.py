@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 
 import fedexp.data.partition as partition_module
-from fedexp.data.partition import Partition, _load, _save, partition_dataset
+from components import partition_dataset
+from fedexp.data.partition import Partition
+from fedexp.data.partition_cache import load as _load
+from fedexp.data.partition_cache import save as _save
 
 LABELS = np.repeat(np.arange(10), 50)  # 10 classes x 50 samples, sorted
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from components import partition_dataset
 from fedexp.core.types import ConfigError
-from fedexp.data.partition import partition_dataset
 
 LABELS = np.repeat(np.arange(10), 40)  # 400 samples, 40 per class
 

@@ -7,6 +7,7 @@ from functools import partial
 import pytest
 import torch
 
+from components import with_yaml
 from fedexp.aggregators import check_aggregator, malicious_count
 from fedexp.aggregators.mean import weighted_mean
 from fedexp.aggregators.median import median
@@ -15,6 +16,9 @@ from fedexp.aggregators.rank_vote import rank_vote, reputations
 from fedexp.aggregators.sign_vote import sign_vote
 from fedexp.aggregators.trimmed_mean import trimmed_mean
 from fedexp.core.types import ClientResult, ConfigError, Weights
+
+trimmed_mean = with_yaml(trimmed_mean, "aggregator", "trimmed_mean")
+multikrum = with_yaml(multikrum, "aggregator", "multikrum")
 
 ONES4 = torch.ones(4)
 

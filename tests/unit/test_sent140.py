@@ -11,10 +11,14 @@ import numpy as np
 import pytest
 import torch
 
+from components import partition_dataset, with_yaml
 from fedexp.core.types import ConfigError
-from fedexp.data.partition import partition_dataset
 from fedexp.data.text import PAD, UNK, Vocabulary, load_sent140, tokenize
-from fedexp.models.lstm import lstm
+from fedexp.models.lstm import lstm, lstm_family
+
+load_sent140 = with_yaml(load_sent140, "dataset", "sent140")
+lstm_family = with_yaml(lstm_family, "model", "lstm_family")
+lstm = with_yaml(lstm, "model", "lstm")
 
 COMMON = ["tweet", "is", "fine"]  # in every tweet: always in the vocabulary
 
@@ -156,11 +160,14 @@ def test_missing_sent140_is_one_line(tmp_path):
 
 def test_lstm_family_and_last_token_readout():
     torch.manual_seed(0)
-    one, two = lstm((6,), 2, vocab_size=10, arch=0), lstm((6,), 2, vocab_size=10, arch=1)
+    one, two = (
+        lstm_family((6,), 2, vocab_size=10, arch=0),
+        lstm_family((6,), 2, vocab_size=10, arch=1),
+    )
     assert one.body.lstm.num_layers == 1 and two.body.lstm.num_layers == 2
     assert lstm((6,), 2, vocab_size=10).body.lstm.num_layers == 2  # no arch: num_layers
     with pytest.raises(ConfigError, match="num_archs"):
-        lstm((6,), 2, vocab_size=10, arch=2)
+        lstm_family((6,), 2, vocab_size=10, arch=2)
     with pytest.raises(ConfigError, match="vocab_size"):
         lstm((6,), 2)
     two.eval()

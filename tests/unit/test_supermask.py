@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from components import with_yaml
 from fedexp.core.types import ConfigError
 from fedexp.models.conv8 import conv8
 from fedexp.models.lenet import lenet
@@ -22,6 +23,10 @@ from fedexp.models.supermask import (
     to_supermask,
     write_ranking,
 )
+
+mlp = with_yaml(mlp, "model", "mlp")
+lenet = with_yaml(lenet, "model", "lenet")
+conv8 = with_yaml(conv8, "model", "conv8")
 
 
 def linear_layer(k: float, seed: int = 0) -> SupermaskLinear:
