@@ -36,6 +36,8 @@ RankReversal = with_yaml(RankReversal, "attack", "rank_reversal")
 LabelFlip = with_yaml(LabelFlip, "attack", "label_flip")
 Scaling = with_yaml(Scaling, "attack", "scaling")
 LIE = with_yaml(LIE, "attack", "lie")
+MinMax = with_yaml(MinMax, "attack", "min_max")
+MinSum = with_yaml(MinSum, "attack", "min_sum")
 AGRTailored = with_yaml(AGRTailored, "attack", "agr_tailored")
 
 CTX = RoundContext(1, (0, 1, 2, 3), 0)
