@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedexp.core.types import ConfigError
 from fedexp.data.class_deal import blind_shards, deal_classes
+from fedexp.errors import ConfigError
 
 # bump when a scheme's output for the same inputs changes: older cached partitions are not reused
 PARTITION_VERSION = 2

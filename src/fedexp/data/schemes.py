@@ -16,11 +16,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from fedexp.core.types import ConfigError
 from fedexp.data import partition as P
 from fedexp.data.partition_cache import digest as _digest
 from fedexp.data.partition_cache import load as _load
 from fedexp.data.partition_cache import save as _save
+from fedexp.errors import ConfigError
 
 
 class Scheme:

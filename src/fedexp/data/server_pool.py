@@ -12,9 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from omegaconf import DictConfig
 
-from fedexp.core.types import ConfigError
+from fedexp.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -28,14 +27,6 @@ class ServerDataRequest:
 
     size: int
     key: str
-
-
-def server_data_request(cfg: DictConfig) -> ServerDataRequest | None:
-    """The request declared by `cfg.algorithm`'s target, or None if it declares none."""
-    from fedexp.core.validation import target
-
-    declare = getattr(target(cfg, "algorithm"), "server_data", None)
-    return declare(cfg) if callable(declare) else None
 
 
 def reserve_server_pool(dataset, size: int, seed: int, key: str = "server_pool"):
