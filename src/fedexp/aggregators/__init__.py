@@ -2,10 +2,12 @@
 
 Every aggregator also takes `num_malicious`, the round's true number of malicious uploads: the FRL
 paper grants it to the robust baselines, and an aggregator configured with `known` uses it. The
-algorithm passes `num_malicious=malicious_count(results)`; attacks flag the uploads they corrupt.
+algorithm passes `num_malicious=ctx.num_malicious`, which the round loop fills with
+`malicious_count(results)` after the attack (attacks flag the uploads they corrupt).
 
-`rank_vote` aggregates FRL rankings; every other aggregator aggregates real vectors. An aggregator
-that accepts rankings carries `accepts = "rankings"`, and may carry `check(**options)` that
+`rank_vote` aggregates FRL rankings (uploads with the `RANKING` capability); every other
+aggregator aggregates real vectors. An aggregator that accepts rankings carries
+`accepts = "rankings"`, and may carry `check(**options)` that
 raises `ConfigError` for bad options before training (`check_aggregator`).
 """
 
@@ -16,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fedexp.aggregators.mean import weighted_mean
-from fedexp.core.types import ClientResult, ConfigError
+from fedexp.core.types import RANKING, ClientResult, ConfigError, capabilities
 
 __all__ = ["weighted_mean", "malicious_count", "check_aggregator", "aggregator_name", "KNOWN"]
 
@@ -62,19 +64,19 @@ def _options(aggregator: Callable) -> dict[str, Any]:
 
 def check_aggregator(aggregator: Callable, algorithm: Any) -> None:
     """Raise ConfigError when the aggregator cannot take what the algorithm uploads, or when its
-    options are bad. `algorithm.upload_type` is the Message class clients upload (None: unknown)."""
-    from fedexp.core.messages import Ranking
-
+    options are bad. `algorithm.upload_type` is the Message class clients upload (None: unknown);
+    its `capabilities` say whether it is a ranking."""
     fn = getattr(aggregator, "func", aggregator)
     name = aggregator_name(aggregator)
     takes_rankings = getattr(fn, "accepts", "vectors") == "rankings"
     upload = getattr(algorithm, "upload_type", None)
     algo = type(algorithm).__name__
-    if upload is Ranking and not takes_rankings:
+    rankings = RANKING in capabilities(upload)
+    if rankings and not takes_rankings:
         raise ConfigError(
             f"aggregator: {algo} uploads rankings and needs aggregator=rank_vote, got {name}"
         )
-    if takes_rankings and upload is not Ranking:
+    if takes_rankings and not rankings:
         raise ConfigError(
             f"aggregator: {name} aggregates FRL rankings; {algo} uploads "
             f"{getattr(upload, '__name__', 'vectors')} (use mean, trimmed_mean, median, "
