@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from fedexp.core.types import FLOAT_BITS, RANKING, SIGNS, SPARSE, Message
-from fedexp.metrics.comm import index_bits, permutation_bits
+from fedexp.core.types import RANKING, SIGNS, SPARSE, Message
+from fedexp.metrics.comm import FLOAT_BITS, index_bits, permutation_bits
 
 
 @dataclass(frozen=True)

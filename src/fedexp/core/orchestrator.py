@@ -10,7 +10,7 @@ from functools import partial
 
 import torch
 
-from fedexp.aggregators import malicious_count
+from fedexp.core.aggregation import malicious_count
 from fedexp.core.algorithm import Algorithm
 from fedexp.core.evaluation import evaluate
 from fedexp.core.executors import train_aside
