@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 import torch
 from torch import nn
@@ -11,6 +9,7 @@ from torch import nn
 from fedexp.aggregators.mean import weighted_mean
 from fedexp.core.algorithm import BuildContext
 from fedexp.core.client_store import ClientStore
+from fedexp.core.local import ClientConfig, LocalTraining
 from fedexp.data.datasets import Dataset
 from fedexp.data.federated import FederatedData
 from fedexp.data.partition import Partition
@@ -29,11 +28,15 @@ def small_mlp(input_shape=(2,), num_classes=2):
     return BodyHead(nn.Sequential(nn.Flatten(), nn.Linear(2, 4), nn.Tanh()), nn.Linear(4, 2))
 
 
+# what `client_end` is told when a test calls it without local training
+UNTRAINED = LocalTraining(steps=0, samples=0, mean_loss=torch.zeros(()))
+
+
 def client_cfg(**kw):
     base = dict(
         local_epochs=1, batch_size=1, optimizer="sgd", lr=0.1, momentum=0.0, weight_decay=0.0
     )
-    return SimpleNamespace(**{**base, **kw})
+    return ClientConfig(**{**base, **kw})
 
 
 def two_client_data():
@@ -48,7 +51,7 @@ def two_client_data():
 def make_ctx(data, factory=zero_linear, seed=0, **client_kw) -> BuildContext:
     return BuildContext(
         model_factory=factory,
-        client_cfg=client_cfg(**client_kw),
+        client=client_cfg(**client_kw),
         aggregator=weighted_mean,
         data=data,
         device=torch.device("cpu"),
@@ -65,7 +68,7 @@ def mlp_ctx(aggregator=weighted_mean, data=None) -> BuildContext:
 
     return BuildContext(
         model_factory=partial(mlp, input_shape=(4,), num_classes=3, hidden=(5,)),
-        client_cfg=client_cfg(batch_size=4),
+        client=client_cfg(batch_size=4),
         aggregator=partial(aggregator),
         data=data,
         device=torch.device("cpu"),

@@ -29,6 +29,7 @@ from fedexp.core.checkpoint import (
 from fedexp.core.client import OPTIMIZERS
 from fedexp.core.client_store import ClientStore
 from fedexp.core.config import build
+from fedexp.core.local import ClientConfig
 from fedexp.core.orchestrator import Orchestrator
 from fedexp.core.threads import apply_threads
 from fedexp.core.types import ConfigError, Diverged
@@ -203,6 +204,8 @@ class Experiment:
         validate(cfg)
         validate_config(cfg)  # cross-component checks declared by the components themselves
         self.cfg = cfg
+        # the one typed route of `client.*` to the algorithm, its modules, executor and audits
+        self.client = ClientConfig.from_mapping(OmegaConf.to_container(cfg.client, resolve=True))
         self.run_dir = Path(run_dir)
         self.device = resolve_device(cfg.device)
         self.threads, why = apply_threads(cfg.get("threads", "auto"), self.device)
@@ -228,7 +231,7 @@ class Experiment:
         self.store = ClientStore(**OmegaConf.to_container(cfg.get("client_store") or {}))
         ctx = BuildContext(
             model_factory=model_factory,
-            client_cfg=cfg.client,
+            client=self.client,
             aggregator=build(cfg.aggregator, "aggregator"),
             data=self.data,
             device=self.device,

@@ -14,11 +14,11 @@ FedProx = with_yaml(FedProx, "algorithm", "fedprox")
 FedRep = with_yaml(FedRep, "algorithm", "fedrep")
 
 
-def one_round(algo, data, round_idx=1, batch_size=1):
+def one_round(algo, data, round_idx=1):
     state = algo.init_state()
     ctx = RoundContext(round_idx, (0, 1), 0)
     payloads = algo.configure_round(state, ctx)
-    results = SequentialExecutor(batch_size).run(algo, payloads, ctx, data)
+    results = SequentialExecutor().run(algo, payloads, ctx, data)
     return state, results, algo.aggregate(state, results, ctx)[0]
 
 

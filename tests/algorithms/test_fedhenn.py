@@ -145,7 +145,7 @@ def local_training_replica(exp: Experiment, client_id: int) -> torch.Tensor:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(cfg.seed, INIT, client_id))
         model = factory(arch=client_arch(cfg.seed, client_id, 5))
-    module = ClientModule(model, cfg.client)
+    module = ClientModule(model, exp.client)
     for t in range(1, cfg.rounds + 1):
         if client_id in sample_clients(cfg.seed, t, cfg.num_clients, cfg.clients_per_round):
             torch.manual_seed(derive_seed(cfg.seed, CLIENT, t, client_id, 1))

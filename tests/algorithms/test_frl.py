@@ -5,7 +5,6 @@ from __future__ import annotations
 from functools import partial
 
 import torch
-from omegaconf import OmegaConf
 
 from components import with_yaml
 from fedexp.aggregators.rank_vote import rank_vote
@@ -13,15 +12,17 @@ from fedexp.algorithms.frl import FRL
 from fedexp.core.algorithm import BuildContext
 from fedexp.core.client_store import ClientStore
 from fedexp.core.executors import SequentialExecutor
+from fedexp.core.local import ClientConfig
 from fedexp.core.messages import Ranking
 from fedexp.core.types import ClientResult, RoundContext
 from fedexp.models.mlp import mlp
 from fedexp.models.supermask import edge_mask, supermask_layers
+from handworld import UNTRAINED
 
 FRL = with_yaml(FRL, "algorithm", "frl")
 
-CLIENT = OmegaConf.create(
-    {
+CLIENT = ClientConfig(
+    **{
         "local_epochs": 2,
         "batch_size": 4,
         "optimizer": "sgd",
@@ -35,7 +36,7 @@ CLIENT = OmegaConf.create(
 def make_frl(seed: int = 0, **kwargs) -> FRL:
     ctx = BuildContext(
         model_factory=partial(mlp, input_shape=(4,), num_classes=3, hidden=(6,)),
-        client_cfg=CLIENT,
+        client=CLIENT,
         aggregator=partial(rank_vote),
         data=None,
         device=torch.device("cpu"),
@@ -69,7 +70,7 @@ def test_untrained_client_uploads_the_global_ranking():
         ]
         payload = frl.configure_round(state, RoundContext(1, (0, 1), 0))[0]
         frl.client_begin(frl.module, 0, payload)
-        upload = frl.client_end(frl.module, 0, payload)
+        upload = frl.client_end(frl.module, 0, payload, UNTRAINED)
         assert all(torch.equal(u, g) for u, g in zip(upload.layers, payload.layers))
 
 
@@ -117,9 +118,7 @@ def test_a_round_through_the_executor_changes_only_the_ranking():
     state = frl.init_state()
     weights_before = [m.weight.clone() for m in supermask_layers(frl.module.model)]
     ctx = RoundContext(1, (0, 1), 0)
-    results = SequentialExecutor(batch_size=4).run(
-        frl, frl.configure_round(state, ctx), ctx, TinyData()
-    )
+    results = SequentialExecutor().run(frl, frl.configure_round(state, ctx), ctx, TinyData())
     assert all(isinstance(r.upload, Ranking) for r in results)
     new_state, _ = frl.aggregate(state, results, ctx)
     for old, new in zip(state.buffers["global_ranking"], new_state.buffers["global_ranking"]):
@@ -137,7 +136,7 @@ def test_eavesdropper_rebuilds_the_clients_own_network_from_seed_and_ranking():
     state = frl.init_state()
     ctx = RoundContext(1, (0,), 0)
     payloads = frl.configure_round(state, ctx)
-    (result,) = SequentialExecutor(batch_size=4).run(frl, payloads, ctx, TinyData())
+    (result,) = SequentialExecutor().run(frl, payloads, ctx, TinyData())
     x = torch.randn(5, 4, generator=torch.Generator().manual_seed(3))
     client_out = frl.module.model(x)  # the client's trained scores, masked
     rebuilt = make_frl().eavesdropped_model(payloads[0], result.upload)  # from the seed alone

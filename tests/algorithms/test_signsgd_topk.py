@@ -12,7 +12,7 @@ from fedexp.algorithms.topk import TopK, top_fraction
 from fedexp.core.algorithm import flat_params
 from fedexp.core.messages import Signs, SparseDelta
 from fedexp.core.types import ClientResult, RoundContext, ServerState, Weights
-from handworld import mlp_ctx
+from handworld import UNTRAINED, mlp_ctx
 
 SignSGD = with_yaml(SignSGD, "algorithm", "signsgd")
 TopK = with_yaml(TopK, "algorithm", "topk")
@@ -53,13 +53,13 @@ def test_topk_error_feedback_keeps_what_was_not_sent():
         for p in module.model.parameters():
             p.add_(torch.linspace(-1, 1, p.numel()).view_as(p))
     update = torch.cat([torch.linspace(-1, 1, p.numel()) for p in module.model.parameters()])
-    sent = algorithm.client_end(module, 0, payload)
+    sent = algorithm.client_end(module, 0, payload, UNTRAINED)
     residual = algorithm.store.get(0)
     assert torch.allclose(sent.dense() + residual, update, atol=1e-6)
     assert residual[sent.indices].abs().sum() == 0
     # next round: the residual is added before selecting
     algorithm.client_begin(module, 0, payload)
-    again = algorithm.client_end(module, 0, payload)
+    again = algorithm.client_end(module, 0, payload, UNTRAINED)
     assert torch.allclose(again.dense() + algorithm.store.get(0), residual, atol=1e-6)
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,6 +16,7 @@ from fedexp.algorithms.waffle import DictionaryPayload, WAFFLe
 from fedexp.core.algorithm import BuildContext, flat_params
 from fedexp.core.client_store import ClientStore
 from fedexp.core.executors import SequentialExecutor
+from fedexp.core.local import ClientConfig
 from fedexp.core.types import ConfigError, RoundContext, Weights
 from fedexp.data.datasets import Dataset
 from fedexp.data.federated import FederatedData
@@ -26,7 +27,7 @@ from fedexp.models.mlp import mlp
 WAFFLe = with_yaml(WAFFLe, "algorithm", "waffle")
 FedAvg = with_yaml(FedAvg, "algorithm", "fedavg")
 
-CLIENT = SimpleNamespace(
+CLIENT = ClientConfig(
     local_epochs=1, batch_size=10, optimizer="sgd", lr=0.1, momentum=0.0, weight_decay=0.0
 )
 
@@ -51,7 +52,7 @@ def make_ctx(data=None, factory=None, client=CLIENT) -> BuildContext:
 def one_round(algorithm, state, round_idx=1, ids=(0, 1)):
     ctx = RoundContext(round_idx, ids, 0)
     payloads = algorithm.configure_round(state, ctx)
-    results = SequentialExecutor(10).run(algorithm, payloads, ctx, algorithm.ctx.data)
+    results = SequentialExecutor().run(algorithm, payloads, ctx, algorithm.ctx.data)
     return payloads, results, ctx
 
 
@@ -90,7 +91,7 @@ def test_factor_selection_gets_sparser_as_alpha_shrinks():
     active, expected = [], []
     for alpha in (1.0, 4.0, 16.0):
         algo = WAFFLe(
-            make_ctx(client=SimpleNamespace(**{**vars(CLIENT), "local_epochs": 5})),
+            make_ctx(client=dataclasses.replace(CLIENT, local_epochs=5)),
             num_factors=24,
             alpha=alpha,
             variational_lr=0.05,

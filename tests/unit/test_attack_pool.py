@@ -131,9 +131,7 @@ def test_the_pool_trains_the_same_on_the_vectorized_executor(tmp_path):
     alg, data = exp.algorithm, exp.data
     state = alg.init_state()
     vectorized = train_aside(alg, exp.executor, data, state, 2, 0, [1, 4, 6])
-    sequential = train_aside(
-        alg, SequentialExecutor(exp.cfg.client.batch_size), data, state, 2, 0, [1, 4, 6]
-    )
+    sequential = train_aside(alg, SequentialExecutor(), data, state, 2, 0, [1, 4, 6])
     for v, s in zip(vectorized, sequential, strict=True):
         torch.testing.assert_close(v.upload.values, s.upload.values, rtol=1e-4, atol=1e-5)
 

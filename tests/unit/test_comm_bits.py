@@ -14,7 +14,7 @@ from fedexp.algorithms.topk import TopK
 from fedexp.core.messages import Ranking, Signs, SparseDelta
 from fedexp.core.types import RoundContext
 from fedexp.metrics.comm import index_bits, permutation_bits
-from handworld import mlp_ctx
+from handworld import UNTRAINED, mlp_ctx
 
 FedAvg = with_yaml(FedAvg, "algorithm", "fedavg")
 SignSGD = with_yaml(SignSGD, "algorithm", "signsgd")
@@ -30,7 +30,7 @@ def one_exchange(algorithm) -> tuple[int, int]:
     payload = algorithm.configure_round(state, RoundContext(1, (0,), 0))[0]
     module = algorithm.client_module(0)
     algorithm.client_begin(module, 0, payload)
-    return payload.num_bits(), algorithm.client_end(module, 0, payload).num_bits()
+    return payload.num_bits(), algorithm.client_end(module, 0, payload, UNTRAINED).num_bits()
 
 
 def test_index_and_permutation_bits():

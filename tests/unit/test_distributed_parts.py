@@ -29,7 +29,7 @@ def test_outside_torchrun_nothing_changes(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert prepare_rank(["a=1"]) == ["a=1"]
     with pytest.raises(ConfigError, match="torchrun"):
-        DistributedExecutor(batch_size=8)
+        DistributedExecutor()
 
 
 def test_ranks_above_zero_write_to_a_scratch_dir(monkeypatch):

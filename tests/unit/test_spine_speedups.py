@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from fedexp.core.algorithm import Algorithm
-from fedexp.core.client import ClientModule, optimizer_spec
+from fedexp.core.client import ClientModule
+from fedexp.core.local import ClientConfig
 from fedexp.core.seeding import seed_global_rng
 from fedexp.core.types import ServerState
 
@@ -33,11 +34,11 @@ def test_seed_global_rng_is_manual_seed_on_the_cpu():
 
 def test_model_params_follow_a_replaced_model():
     cfg = {"lr": 0.1, "weight_decay": 0.0, "optimizer": "sgd", "momentum": 0.0}
-    cfg = type("Cfg", (), {**cfg, "local_epochs": 1})
+    cfg = ClientConfig(**cfg, local_epochs=1, batch_size=1)
     module = ClientModule(nn.Linear(2, 2), cfg)
     assert module.model_params() == tuple(module.model.parameters())
     assert len(list(module.parameters())) == 2  # the cache is not registered as a submodule
     module.model = nn.Sequential(nn.Linear(2, 3), nn.Linear(3, 1))
     assert module.model_params() == tuple(module.model.parameters())
     assert [p.shape for p in module.phases()[0].params] == [(3, 2), (3,), (1, 3), (1,)]
-    assert optimizer_spec(cfg) == ("sgd", {"lr": 0.1, "weight_decay": 0.0, "momentum": 0.0})
+    assert cfg.optimizer_spec == ("sgd", {"lr": 0.1, "weight_decay": 0.0, "momentum": 0.0})

@@ -1,6 +1,8 @@
 """FedAvg (McMahan et al., 2017), the base of every weight-averaging algorithm here.
 
-Clients upload their delta w_k - w; the server applies w <- w + server_lr * v, with
+Payloads and uploads are read through `VectorMessage.vector` (whatever field holds the weights),
+so a subclass whose payload carries more than the weights keeps these hooks. Clients upload their
+delta w_k - w; the server applies w <- w + server_lr * v, with
 v <- server_momentum * v + agg(deltas). With server_lr = 1 and no momentum this is
 w <- sum_k (n_k / n) w_k. The aggregator is injected (mean, or a robust one).
 """
@@ -13,9 +15,9 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-from fedexp.core.aggregation import malicious_count
 from fedexp.core.algorithm import Algorithm, BuildContext, flat_params, load_flat
 from fedexp.core.client import ClientModule
+from fedexp.core.local import LocalTraining
 from fedexp.core.seeding import INIT, derive_seed
 from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext, ServerState, Weights
 
@@ -49,7 +51,7 @@ class FedAvg(Algorithm):
         return self.ctx.model_factory().to(self.device)
 
     def make_module(self, model: nn.Module) -> ClientModule:
-        return ClientModule(model, self.ctx.client_cfg)
+        return ClientModule(model, self.ctx.client)
 
     def shared(self, model: nn.Module) -> list[nn.Parameter]:
         """The parameters that travel and are averaged (read once per model object: walking the
@@ -81,14 +83,14 @@ class FedAvg(Algorithm):
 
     def stack_uploads(self, results: Sequence[ClientResult]) -> torch.Tensor:
         """The round's uploads as dense rows [n, d] for the aggregator."""
-        return torch.stack([r.upload.values for r in results])
+        return torch.stack([r.upload.vector for r in results])
 
     def aggregate(
         self, state: ServerState, results: Sequence[ClientResult], ctx: RoundContext
     ) -> tuple[ServerState, dict[str, float]]:
         updates = self.stack_uploads(results)
         step = self.ctx.aggregator(
-            updates, self.client_weights(results), num_malicious=malicious_count(results)
+            updates, self.client_weights(results), num_malicious=ctx.num_malicious
         )
         buffers = dict(state.buffers)  # the caller's state stays as it was
         if self.server_momentum:
@@ -103,10 +105,12 @@ class FedAvg(Algorithm):
         return self.module
 
     def client_begin(self, module: ClientModule, client_id: int, payload: Message) -> None:
-        load_flat(self.shared(module.model), payload.values)
+        load_flat(self.shared(module.model), payload.vector)
 
-    def client_end(self, module: ClientModule, client_id: int, payload: Message) -> Message:
-        return Weights(flat_params(self.shared(module.model)) - payload.values)
+    def client_end(
+        self, module: ClientModule, client_id: int, payload: Message, training: LocalTraining
+    ) -> Message:
+        return Weights(flat_params(self.shared(module.model)) - payload.vector)
 
     # ---- evaluation ----------------------------------------------------------------------------
     def global_model(self, state: ServerState) -> nn.Module | None:
@@ -115,7 +119,7 @@ class FedAvg(Algorithm):
 
     def eavesdropped_model(self, payload: Message, upload: Message) -> nn.Module | None:
         """The client's local model: the broadcast weights plus the uploaded delta."""
-        load_flat(self.shared(self.eval_model), payload.values + upload.values)
+        load_flat(self.shared(self.eval_model), payload.vector + upload.vector)
         return self.eval_model
 
     def describe(self) -> dict[str, float]:

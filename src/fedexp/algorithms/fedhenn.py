@@ -41,6 +41,7 @@ from fedexp.algorithms.fedhenn_alignment import (
 from fedexp.core.algorithm import Algorithm, BuildContext, flat_params, load_flat
 from fedexp.core.client import ClientModule
 from fedexp.core.config import default_family as family_factory
+from fedexp.core.local import LocalTraining
 from fedexp.core.seeding import INIT, client_arch, derive_seed
 from fedexp.core.types import (
     ClientResult,
@@ -49,7 +50,6 @@ from fedexp.core.types import (
     Nothing,
     RoundContext,
     ServerState,
-    Weights,
 )
 from fedexp.data.server_pool import ServerDataRequest
 from fedexp.models.family import family_size
@@ -120,7 +120,7 @@ class FedHeNNHomogeneous(FedAvg):
         super().__init__(ctx, **fedavg_kwargs)
 
     def make_module(self, model: nn.Module) -> ClientModule:
-        return AlignModule(model, self.ctx.client_cfg, self.opts, target_is_kernel=False)
+        return AlignModule(model, self.ctx.client, self.opts, target_is_kernel=False)
 
     def configure_round(self, state: ServerState, ctx: RoundContext) -> Mapping[int, Message]:
         eta = self.opts.eta(ctx.round)
@@ -135,14 +135,17 @@ class FedHeNNHomogeneous(FedAvg):
         payload = AlignPayload(eta, weights=state.params, rad=rad, target=target)
         return {cid: payload for cid in ctx.client_ids}
 
+    # FedAvg's hooks read the weights as `payload.vector`; the alignment comes on top
     def client_begin(self, module: AlignModule, client_id: int, payload: AlignPayload) -> None:
-        load_flat(self.shared(module.model), payload.weights)
+        super().client_begin(module, client_id, payload)
         module.set_alignment(payload.eta, payload.rad, payload.target)
 
-    def client_end(self, module: AlignModule, client_id: int, payload: AlignPayload) -> Message:
+    def client_end(
+        self, module: AlignModule, client_id: int, payload: AlignPayload, training: LocalTraining
+    ) -> Message:
         # the client keeps its local model: the personal metrics evaluate it
         self.store.put(client_id, flat_params(list(module.model.parameters())))
-        return Weights(flat_params(self.shared(module.model)) - payload.weights)
+        return super().client_end(module, client_id, payload, training)
 
     def aggregate(
         self, state: ServerState, results: Sequence[ClientResult], ctx: RoundContext
@@ -156,11 +159,6 @@ class FedHeNNHomogeneous(FedAvg):
         load_flat(list(model.parameters()), self.store.get(client_id, state.params))
         return model
 
-    def eavesdropped_model(self, payload: AlignPayload, upload: Message) -> nn.Module | None:
-        """The client's local model: the broadcast weights plus the uploaded delta."""
-        load_flat(self.shared(self.eval_model), payload.weights + upload.values)
-        return self.eval_model
-
 
 class FedHeNNHeterogeneous(Algorithm):
     """Personal models of different architectures; only representations and kernels travel."""
@@ -171,7 +169,7 @@ class FedHeNNHeterogeneous(Algorithm):
         self.num_archs = num_archs
         # one resident module per architecture; a client's flat weights are loaded in and out
         self.modules = [
-            AlignModule(ctx.model_factory(arch=a).to(self.device), ctx.client_cfg, opts, True)
+            AlignModule(ctx.model_factory(arch=a).to(self.device), ctx.client, opts, True)
             for a in range(num_archs)
         ]
         self.archs = [client_arch(ctx.seed, cid, num_archs) for cid in range(ctx.data.num_clients)]
@@ -231,7 +229,9 @@ class FedHeNNHeterogeneous(Algorithm):
         load_flat(list(module.model.parameters()), self.client_params(client_id))
         module.set_alignment(payload.eta, payload.rad, payload.target)
 
-    def client_end(self, module: AlignModule, client_id: int, payload: AlignPayload) -> Message:
+    def client_end(
+        self, module: AlignModule, client_id: int, payload: AlignPayload, training: LocalTraining
+    ) -> Message:
         self.store.put(client_id, flat_params(list(module.model.parameters())))
         if payload.probe is None:
             return Nothing()

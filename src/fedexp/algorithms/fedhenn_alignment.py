@@ -14,8 +14,9 @@ import torch
 from torch import nn
 
 from fedexp.core.client import ClientModule
+from fedexp.core.local import ClientConfig
 from fedexp.core.seeding import derive_seed
-from fedexp.core.types import FLOAT_BITS, ConfigError, Message
+from fedexp.core.types import FLOAT_BITS, ConfigError, Message, VectorMessage
 from fedexp.metrics.cka import KERNELS, cka_distance, kernel_matrix, linear_cka, procrustes_distance
 
 RAD_STREAM = 41  # derive_seed tag of the RAD draws, apart from SAMPLING/CLIENT/INIT
@@ -128,15 +129,17 @@ class Rad(Message):
 
 
 @dataclass(frozen=True)
-class AlignPayload(Message):
+class AlignPayload(VectorMessage):
     """What a client receives in a round.
 
     weights: the global model (homogeneous). rad/target: the RAD and the alignment target on it.
     probe: the next round's RAD, whose representations the client uploads (heterogeneous).
     `target_sent` is False where the client derives the target itself (homogeneous: from the
     global weights it receives; the server computes it once per round only to save work).
+    Its `vector` is `weights` (None in the heterogeneous variant, which sends no weights).
     """
 
+    vector_field = "weights"
     eta: float
     weights: torch.Tensor | None = None
     rad: Rad | None = None
@@ -219,8 +222,10 @@ def global_target(reps: torch.Tensor, opts: AlignmentOptions) -> torch.Tensor:
 class AlignModule(ClientModule):
     """Task loss + eta * d(K(Phi(X)), target). With eta = 0 or no RAD it is the plain task loss."""
 
-    def __init__(self, model: nn.Module, client_cfg, opts: AlignmentOptions, target_is_kernel):
-        super().__init__(model, client_cfg)
+    def __init__(
+        self, model: nn.Module, client: ClientConfig, opts: AlignmentOptions, target_is_kernel
+    ):
+        super().__init__(model, client)
         self.opts = opts
         self.target_is_kernel = target_is_kernel
         self.eta = 0.0

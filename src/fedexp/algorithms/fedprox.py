@@ -8,14 +8,15 @@ from torch import nn
 from fedexp.algorithms.fedavg import FedAvg
 from fedexp.core.algorithm import BuildContext
 from fedexp.core.client import ClientModule
+from fedexp.core.local import ClientConfig
 from fedexp.core.types import ConfigError, Message
 
 
 class ProxModule(ClientModule):
     """Task loss plus the proximal term towards the round's global weights."""
 
-    def __init__(self, model: nn.Module, client_cfg, mu: float):
-        super().__init__(model, client_cfg)
+    def __init__(self, model: nn.Module, client: ClientConfig, mu: float):
+        super().__init__(model, client)
         self.mu = mu
         self.anchor: list[torch.Tensor] = []
 
@@ -32,7 +33,7 @@ class FedProx(FedAvg):
         super().__init__(ctx, **kwargs)
 
     def make_module(self, model: nn.Module) -> ClientModule:
-        return ProxModule(model, self.ctx.client_cfg, self.mu)
+        return ProxModule(model, self.ctx.client, self.mu)
 
     def client_begin(self, module: ProxModule, client_id: int, payload: Message) -> None:
         super().client_begin(module, client_id, payload)

@@ -13,12 +13,13 @@ from torch import nn
 from fedexp.algorithms.fedavg import FedAvg
 from fedexp.core.algorithm import BuildContext, flat_params, load_flat
 from fedexp.core.client import ClientModule, Phase
+from fedexp.core.local import ClientConfig, LocalTraining
 from fedexp.core.types import ConfigError, Message, ServerState
 
 
 class RepModule(ClientModule):
-    def __init__(self, model: nn.Module, client_cfg, head_epochs: int, body_epochs: int):
-        super().__init__(model, client_cfg)
+    def __init__(self, model: nn.Module, client: ClientConfig, head_epochs: int, body_epochs: int):
+        super().__init__(model, client)
         self.head_epochs = head_epochs
         self.body_epochs = body_epochs
 
@@ -39,7 +40,7 @@ class FedRep(FedAvg):
         super().__init__(ctx, **kwargs)
 
     def make_module(self, model: nn.Module) -> ClientModule:
-        return RepModule(model, self.ctx.client_cfg, self.head_epochs, self.body_epochs)
+        return RepModule(model, self.ctx.client, self.head_epochs, self.body_epochs)
 
     def shared(self, model: nn.Module) -> list[nn.Parameter]:
         return list(model.body.parameters())
@@ -61,9 +62,11 @@ class FedRep(FedAvg):
         super().client_begin(module, client_id, payload)
         load_flat(list(module.model.head.parameters()), self._head(client_id))
 
-    def client_end(self, module: ClientModule, client_id: int, payload: Message) -> Message:
+    def client_end(
+        self, module: ClientModule, client_id: int, payload: Message, training: LocalTraining
+    ) -> Message:
         self.store.put(client_id, flat_params(list(module.model.head.parameters())))
-        return super().client_end(module, client_id, payload)
+        return super().client_end(module, client_id, payload, training)
 
     def global_model(self, state: ServerState) -> nn.Module | None:
         return None
@@ -75,6 +78,6 @@ class FedRep(FedAvg):
 
     def eavesdropped_model(self, payload: Message, upload: Message) -> nn.Module | None:
         """The uploaded body with the initial head: the client's own head never travels."""
-        load_flat(self.shared(self.eval_model), payload.values + upload.values)
+        load_flat(self.shared(self.eval_model), payload.vector + upload.vector)
         load_flat(list(self.eval_model.head.parameters()), self._initial_head)
         return self.eval_model

@@ -18,9 +18,9 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-from fedexp.core.aggregation import malicious_count
 from fedexp.core.algorithm import Algorithm, BuildContext
 from fedexp.core.client import ClientModule
+from fedexp.core.local import LocalTraining
 from fedexp.core.messages import Ranking
 from fedexp.core.seeding import INIT, derive_seed
 from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext, ServerState
@@ -69,7 +69,7 @@ class FRL(Algorithm):
         if self._built_seed == seed:
             return
         client_model = self.build_model(seed)
-        self.module = ClientModule(client_model, self.ctx.client_cfg)
+        self.module = ClientModule(client_model, self.ctx.client)
         self.client_s0 = [
             sorted_scores(layer.scores, self.rank_key) for layer in supermask_layers(client_model)
         ]
@@ -98,7 +98,7 @@ class FRL(Algorithm):
         self, state: ServerState, results: Sequence[ClientResult], ctx: RoundContext
     ) -> tuple[ServerState, dict[str, float]]:
         votes = torch.ones(len(results), device=self.device)  # one client, one vote
-        bad = malicious_count(results)
+        bad = ctx.num_malicious
         old = state.buffers["global_ranking"]
         new = [
             self.ctx.aggregator(torch.stack([r.upload.layers[i] for r in results]), votes, bad)
@@ -133,7 +133,9 @@ class FRL(Algorithm):
         ):
             write_ranking(layer.scores, edge_ranking, s0)
 
-    def client_end(self, module: ClientModule, client_id: int, payload: Message) -> Message:
+    def client_end(
+        self, module: ClientModule, client_id: int, payload: Message, training: LocalTraining
+    ) -> Message:
         layers = supermask_layers(module.model)
         return Ranking(tuple(ranking(layer.scores, self.rank_key) for layer in layers))
 

@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from fedexp.algorithms.fedavg import FedAvg
-from fedexp.core.aggregation import malicious_count
 from fedexp.core.algorithm import BuildContext, flat_params, load_flat
 from fedexp.core.client import ClientModule
+from fedexp.core.local import LocalTraining
 from fedexp.core.messages import Signs
 from fedexp.core.types import ClientResult, Message, RoundContext, ServerState
 
@@ -43,19 +43,21 @@ class SignSGD(FedAvg):
         votes = self.ctx.aggregator(
             self.stack_uploads(results),
             self.client_weights(results),
-            num_malicious=malicious_count(results),
+            num_malicious=ctx.num_malicious,
         )
         direction = torch.sign(votes)
         metrics = {"signsgd/tied_fraction": float((direction == 0).float().mean())}
         return ServerState(state.params + self.server_lr * direction, state.buffers), metrics
 
-    def client_end(self, module: ClientModule, client_id: int, payload: Message) -> Message:
-        return Signs(to_signs(flat_params(self.shared(module.model)) - payload.values))
+    def client_end(
+        self, module: ClientModule, client_id: int, payload: Message, training: LocalTraining
+    ) -> Message:
+        return Signs(to_signs(flat_params(self.shared(module.model)) - payload.vector))
 
     def eavesdropped_model(self, payload: Message, upload: Message) -> nn.Module | None:
         """w + server_lr * sign(Δ_u): the model the server would step to were this client the only
         voter. The signs carry no magnitudes, so the client's own local model cannot be rebuilt;
         this is the one model the upload determines (w + signs would be a step of 1 per weight).
         """
-        load_flat(self.shared(self.eval_model), payload.values + self.server_lr * upload.values)
+        load_flat(self.shared(self.eval_model), payload.vector + self.server_lr * upload.values)
         return self.eval_model

@@ -16,6 +16,7 @@ from torch import nn
 from fedexp.algorithms.fedavg import FedAvg
 from fedexp.core.algorithm import BuildContext, flat_params, load_flat
 from fedexp.core.client import ClientModule
+from fedexp.core.local import LocalTraining
 from fedexp.core.messages import SparseDelta
 from fedexp.core.types import ClientResult, ConfigError, Message
 
@@ -50,8 +51,10 @@ class TopK(FedAvg):
     def stack_uploads(self, results: Sequence[ClientResult]) -> torch.Tensor:
         return torch.stack([r.upload.dense() for r in results])
 
-    def client_end(self, module: ClientModule, client_id: int, payload: Message) -> Message:
-        update = flat_params(self.shared(module.model)) - payload.values
+    def client_end(
+        self, module: ClientModule, client_id: int, payload: Message, training: LocalTraining
+    ) -> Message:
+        update = flat_params(self.shared(module.model)) - payload.vector
         if self.error_feedback:
             residual = self.store.get(client_id)
             update = update if residual is None else update + residual
@@ -64,5 +67,5 @@ class TopK(FedAvg):
         """The broadcast weights plus the densified upload. With error feedback the upload holds
         the residual of earlier rounds too: it is what the server sees, not the exact local model.
         """
-        load_flat(self.shared(self.eval_model), payload.values + upload.dense())
+        load_flat(self.shared(self.eval_model), payload.vector + upload.dense())
         return self.eval_model

@@ -33,7 +33,15 @@ from torch import nn
 from fedexp.algorithms.fedavg import FedAvg
 from fedexp.core.algorithm import BuildContext, flat_params, load_flat
 from fedexp.core.client import ClientModule, JointOptimizer, Phase, build_optimizer
-from fedexp.core.types import FLOAT_BITS, ConfigError, Message, RoundContext, ServerState
+from fedexp.core.local import ClientConfig, LocalTraining
+from fedexp.core.types import (
+    FLOAT_BITS,
+    ConfigError,
+    Message,
+    RoundContext,
+    ServerState,
+    VectorMessage,
+)
 from fedexp.models.factorized import (
     IBPPosterior,
     dense_param_count,
@@ -49,7 +57,7 @@ OPTIMIZERS = ("adam", "sgd")
 
 
 @dataclass(frozen=True)
-class DictionaryPayload(Message):
+class DictionaryPayload(VectorMessage):
     """The global dictionary {W_a, W_b, r, biases} (flat) and this round's Concrete temperature."""
 
     values: torch.Tensor
@@ -65,14 +73,14 @@ class WaffleModule(ClientModule):
     def __init__(
         self,
         model: nn.Module,
-        client_cfg,
+        client: ClientConfig,
         posterior: IBPPosterior,
         mc_samples: int,
         kl_weight: float,
         variational_lr: float | None,
         variational_optimizer: str,
     ):
-        super().__init__(model, client_cfg)
+        super().__init__(model, client)
         self.posterior = posterior
         self.mc_samples = mc_samples
         self.kl_weight = kl_weight
@@ -96,7 +104,7 @@ class WaffleModule(ClientModule):
 
     def phases(self) -> list[Phase]:
         params = (*self.model.parameters(), *self.posterior.parameters())
-        return [Phase("all", self.client_cfg.local_epochs, params)]
+        return [Phase("all", self.client.local_epochs, params)]
 
     def configure_optimizers(self) -> JointOptimizer:
         variational = {id(p) for p in self.posterior.parameters()}
@@ -105,9 +113,9 @@ class WaffleModule(ClientModule):
         # Adam for {π̃, c, d}: their gradients are orders of magnitude smaller than the
         # weights' (each factor is a small part of the output), so plain SGD leaves them at the
         # prior and no client ever personalises
-        lr = self.variational_lr or self.client_cfg.lr
+        lr = self.variational_lr or self.client.lr
         optimizer = torch.optim.Adam if self.variational_optimizer == "adam" else torch.optim.SGD
-        return JointOptimizer(build_optimizer(model, self.client_cfg), optimizer(post, lr=lr))
+        return JointOptimizer(build_optimizer(model, self.client), optimizer(post, lr=lr))
 
 
 class WAFFLe(FedAvg):
@@ -176,7 +184,7 @@ class WAFFLe(FedAvg):
     def make_module(self, model: nn.Module) -> ClientModule:
         return WaffleModule(
             model,
-            self.ctx.client_cfg,
+            self.ctx.client,
             self.make_posterior(model),
             self.mc_samples,
             self.kl_weight,
@@ -206,9 +214,12 @@ class WAFFLe(FedAvg):
         inside = 0 <= client_id < self.ctx.data.num_clients
         module.num_train = self.ctx.data.num_train(client_id) if inside else self.mean_client_size
 
-    def client_end(self, module: WaffleModule, client_id: int, payload: Message) -> Message:
+    def client_end(
+        self, module: WaffleModule, client_id: int, payload: Message, training: LocalTraining
+    ) -> Message:
         self.store.put(client_id, flat_params(list(module.posterior.parameters())))
-        return super().client_end(module, client_id, payload)  # the dictionary's change only
+        # the dictionary's change only
+        return super().client_end(module, client_id, payload, training)
 
     # ---- evaluation ------------------------------------------------------------------------
     def load_posterior(self, variational: torch.Tensor) -> IBPPosterior:
@@ -236,7 +247,7 @@ class WAFFLe(FedAvg):
 
     def eavesdropped_model(self, payload: Message, upload: Message) -> nn.Module | None:
         """The uploaded dictionary without the client's b (which never leaves the client)."""
-        return self._with_dictionary(payload.values + upload.values, None)
+        return self._with_dictionary(payload.vector + upload.vector, None)
 
     def describe(self) -> dict[str, float]:
         dictionary = sum(p.numel() for p in self.shared(self.eval_model))

@@ -7,8 +7,10 @@ model poisoning rewrites the uploads of the round's malicious clients after loca
 (`ClientResult.malicious`) so that an aggregator may be told the round's true malicious count
 (`fedexp.core.aggregation.malicious_count`). `round_metrics` reports `attack/*` every round.
 
-`targets` names the upload types (Message classes) an attack can corrupt; `check_target` raises
-ConfigError before training when the algorithm uploads something else.
+`targets` names the capabilities an attack can corrupt (`fedexp.core.types`: `VECTOR`, a flat
+float vector; `SIGNS`; `SPARSE`; `RANKING`), whatever the upload's class: an algorithm's
+`upload_type` declares its `capabilities`. `check_target` raises ConfigError before training when
+the upload carries none of them.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 
 from fedexp.core.aggregation import malicious_count
 from fedexp.core.seeding import derive_seed
-from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext
+from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext, capabilities
 
 ATTACK = 401  # seed stream of the malicious set (distinct from core.seeding's streams)
 
@@ -33,7 +35,7 @@ class NoAttack:
     malicious: frozenset[int] = frozenset()
     fraction: float = 0.0
     realised_fraction: float = 0.0  # malicious clients / all clients, once set up
-    targets: tuple[type[Message], ...] | None = None  # None: any upload (data poisoning)
+    targets: tuple[str, ...] | None = None  # capabilities; None: any upload (data poisoning)
 
     def __init__(self, fraction: float):
         # `fraction` exists so that `attack.fraction=...` composes with every attack option
@@ -75,7 +77,7 @@ class Attack(NoAttack):
     """Base of the attacks: the malicious set, the target check, flagging corrupted uploads."""
 
     name = "attack"
-    targets: tuple[type[Message], ...] | None = ()
+    targets: tuple[str, ...] | None = ()  # the capabilities it corrupts (any one suffices)
 
     def __init__(self, fraction: float):
         if not 0 <= fraction < 1:
@@ -99,12 +101,13 @@ class Attack(NoAttack):
 
     def check_target(self, algorithm) -> None:
         upload = getattr(algorithm, "upload_type", None)
-        if self.targets is None or upload in self.targets:
+        if self.targets is None or capabilities(upload) & set(self.targets):
             return
-        wanted = ", ".join(t.__name__ for t in self.targets) or "nothing"
+        wanted = " or ".join(self.targets) or "nothing"
+        carried = ", ".join(sorted(capabilities(upload))) or "nothing it declares"
         raise ConfigError(
             f"attack: {self.name} cannot target {type(algorithm).__name__}, which uploads "
-            f"{getattr(upload, '__name__', 'an undeclared type')} (it corrupts {wanted})"
+            f"{getattr(upload, '__name__', 'an undeclared type')} ({carried}; it corrupts {wanted})"
         )
 
     def apply(self, results: Sequence[ClientResult], ctx: RoundContext) -> list[ClientResult]:
@@ -128,5 +131,6 @@ class Attack(NoAttack):
 
 
 def map_values(upload: Message, fn: Callable[[torch.Tensor], torch.Tensor]) -> Message:
-    """The same message with `values` transformed (Weights, Signs, SparseDelta)."""
-    return dataclasses.replace(upload, values=fn(upload.values))
+    """The same message with `fn` applied elementwise to what it carries (a vector, signs, the
+    kept values of a sparse vector: `Message.map_values`)."""
+    return upload.map_values(fn)

@@ -34,7 +34,7 @@ from fedexp.aggregators.multikrum import krum_select, pairwise_sq_distances, sel
 from fedexp.aggregators.trimmed_mean import trimmed_mean
 from fedexp.attacks import Attack
 from fedexp.attacks.pool import check_pool, pool_updates
-from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext, Weights
+from fedexp.core.types import VECTOR, ClientResult, ConfigError, Message, RoundContext
 
 PERTURBATIONS = ("unit", "sign", "std")
 KNOWLEDGE = ("malicious", "all")
@@ -105,7 +105,7 @@ def trimmed_mean_deviation(malicious: torch.Tensor, known: torch.Tensor, copies:
 class CraftedAttack(Attack):
     """Base: one crafted vector per round from the known benign updates."""
 
-    targets = (Weights,)
+    targets = (VECTOR,)  # uploads carrying a flat float vector (`VectorMessage`)
 
     def __init__(
         self,
@@ -126,7 +126,7 @@ class CraftedAttack(Attack):
     ) -> torch.Tensor:
         """[P, d] the benign updates the attackers know this round (see the module doc)."""
         if self.knowledge == "all":
-            return torch.stack([r.upload.values for r in results])
+            return torch.stack([r.upload.vector for r in results])
         size = self.pool_size if self.pool == "all" else 0  # sampled: the attackers only
         return pool_updates(results, positions, self.malicious, size, ctx)
 
@@ -136,7 +136,7 @@ class CraftedAttack(Attack):
         known = self.known_updates(results, positions, ctx)
         self.last_known = len(known)
         crafted = self.craft(known, len(results), len(positions))
-        return [Weights(crafted) for _ in positions]
+        return [results[i].upload.with_vector(crafted) for i in positions]
 
     def round_metrics(self, results) -> dict[str, float]:
         metrics = super().round_metrics(results)

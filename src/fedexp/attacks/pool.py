@@ -54,10 +54,10 @@ def pool_updates(
     """[P, d] benign updates of the pool: the sampled attackers' (in round order), then those
     of the drawn others, trained aside."""
     sampled = [results[i].client_id for i in positions]
-    known = [results[i].upload.values for i in positions]
+    known = [results[i].upload.vector for i in positions]
     extras = pool_extras(malicious, sampled, pool_size, ctx)
     if extras:
         if ctx.train_aside is None:
             raise RuntimeError("attack.pool=all needs the round loop (ctx.train_aside) to train")
-        known += [r.upload.values for r in ctx.train_aside(extras)]
+        known += [r.upload.vector for r in ctx.train_aside(extras)]
     return torch.stack(known)

@@ -13,7 +13,7 @@ import torch
 from fedexp.aggregators.rank_vote import reputations
 from fedexp.attacks import Attack
 from fedexp.core.messages import Ranking
-from fedexp.core.types import ClientResult, Message, RoundContext
+from fedexp.core.types import RANKING, ClientResult, Message, RoundContext
 
 
 def reversed_consensus(rankings: torch.Tensor) -> torch.Tensor:
@@ -24,7 +24,7 @@ def reversed_consensus(rankings: torch.Tensor) -> torch.Tensor:
 
 class RankReversal(Attack):
     name = "rank_reversal"
-    targets = (Ranking,)
+    targets = (RANKING,)
 
     def corrupt(
         self, results: list[ClientResult], positions: list[int], ctx: RoundContext

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 from fedexp.attacks import Attack, map_values
-from fedexp.core.messages import Signs, SparseDelta
-from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext, Weights
+from fedexp.core.types import (
+    SIGNS,
+    SPARSE,
+    VECTOR,
+    ClientResult,
+    ConfigError,
+    Message,
+    RoundContext,
+)
 
 
 class SignFlip(Attack):
     """Upload the negated update: -sign(Δ) against SignSGD, -Δ against weight uploads."""
 
     name = "sign_flip"
-    targets = (Weights, Signs, SparseDelta)
+    targets = (VECTOR, SIGNS, SPARSE)
 
     def corrupt(
         self, results: list[ClientResult], positions: list[int], ctx: RoundContext
@@ -23,7 +30,7 @@ class Scaling(Attack):
     """Upload `factor` times the benign update: the naive attack that breaks plain averaging."""
 
     name = "scaling"
-    targets = (Weights, SparseDelta)
+    targets = (VECTOR, SPARSE)
 
     def __init__(self, fraction: float, factor: float):
         super().__init__(fraction)

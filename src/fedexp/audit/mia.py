@@ -44,8 +44,8 @@ from torch import nn
 from torch.utils._pytree import tree_map
 
 from fedexp.core.algorithm import Algorithm
-from fedexp.core.executors import train_local
-from fedexp.core.seeding import client_generator, derive_seed, seed_global_rng
+from fedexp.core.executors import run_client
+from fedexp.core.seeding import client_generator, derive_seed
 from fedexp.core.types import ConfigError, Message, RoundContext
 from fedexp.metrics.membership import METRICS, membership_metrics
 
@@ -278,15 +278,8 @@ class MembershipInferenceAudit:
     ) -> nn.Module | None:
         """Run one client's local training on (x, y) and rebuild what an eavesdropper sees
         (None where it rebuilds nothing)."""
-        seed_global_rng(
-            derive_seed(self.ctx.seed, MIA_STREAM, round_idx, client_id, 1), algorithm.device
-        )
-        module = algorithm.client_module(client_id)
-        module.generator = client_generator(
-            derive_seed(self.ctx.seed, MIA_STREAM), round_idx, client_id
-        )
-        algorithm.client_begin(module, client_id, payload)
-        batch_size, transform = self.ctx.client_cfg.batch_size, self.ctx.data.batch_transform
-        train_local(module, x, y, batch_size, module.generator, transform)
-        upload = algorithm.client_end(module, client_id, payload)
-        return algorithm.eavesdropped_model(payload, upload)
+        global_seed = derive_seed(self.ctx.seed, MIA_STREAM, round_idx, client_id, 1)
+        generator = client_generator(derive_seed(self.ctx.seed, MIA_STREAM), round_idx, client_id)
+        transform = self.ctx.data.batch_transform
+        result = run_client(algorithm, client_id, payload, x, y, global_seed, generator, transform)
+        return algorithm.eavesdropped_model(payload, result.upload)

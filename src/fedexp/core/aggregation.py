@@ -11,8 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fedexp.aggregators import aggregator_name
-from fedexp.core.messages import Ranking
-from fedexp.core.types import ClientResult
+from fedexp.core.types import RANKING, ClientResult, capabilities
 from fedexp.errors import ConfigError
 
 __all__ = ["malicious_count", "check_aggregator"]
@@ -29,17 +28,19 @@ def _options(aggregator: Callable) -> dict[str, Any]:
 
 def check_aggregator(aggregator: Callable, algorithm: Any) -> None:
     """Raise ConfigError when the aggregator cannot take what the algorithm uploads, or when its
-    options are bad. `algorithm.upload_type` is the Message class clients upload (None: unknown)."""
+    options are bad. `algorithm.upload_type` is the Message class clients upload (None: unknown);
+    its `capabilities` say whether it is a ranking."""
     fn = getattr(aggregator, "func", aggregator)
     name = aggregator_name(aggregator)
     takes_rankings = getattr(fn, "accepts", "vectors") == "rankings"
     upload = getattr(algorithm, "upload_type", None)
     algo = type(algorithm).__name__
-    if upload is Ranking and not takes_rankings:
+    rankings = RANKING in capabilities(upload)
+    if rankings and not takes_rankings:
         raise ConfigError(
             f"aggregator: {algo} uploads rankings and needs aggregator=rank_vote, got {name}"
         )
-    if takes_rankings and upload is not Ranking:
+    if takes_rankings and not rankings:
         raise ConfigError(
             f"aggregator: {name} aggregates FRL rankings; {algo} uploads "
             f"{getattr(upload, '__name__', 'vectors')} (use mean, trimmed_mean, median, "

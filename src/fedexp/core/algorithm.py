@@ -14,6 +14,7 @@ from torch import nn
 
 from fedexp.core.client import ClientModule
 from fedexp.core.client_store import ClientStore
+from fedexp.core.local import ClientConfig, LocalTraining
 from fedexp.core.types import ClientResult, Message, RoundContext, ServerState
 
 
@@ -22,7 +23,7 @@ class BuildContext:
     """What every algorithm is built from (assembled by `fedexp.run`)."""
 
     model_factory: Callable[[], nn.Module]
-    client_cfg: Any
+    client: ClientConfig  # the client's local training settings, built once from `client.*`
     aggregator: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     data: Any  # FederatedData
     device: torch.device
@@ -35,7 +36,9 @@ class Algorithm:
     """Base class. Subclasses implement the server half and the client hooks.
 
     Client hooks run inside the executor, around the module's local training:
-    `client_module` -> `client_begin` -> (training) -> `client_end`.
+    `client_module` -> `client_begin` -> (training) -> `client_end`, in that order for every
+    executor (`fedexp.core.executors.begin_client` / `finish_client`); `client_end` is told
+    what the training did (`LocalTraining`: steps, samples, mean loss, learning rates).
 
     `upload_type` is the Message class clients upload (None: not declared); the aggregator and
     the attack are checked against it before training.
@@ -59,6 +62,8 @@ class Algorithm:
     def aggregate(
         self, state: ServerState, results: Sequence[ClientResult], ctx: RoundContext
     ) -> tuple[ServerState, dict[str, float]]:
+        """The next state from the round's results; `ctx.num_malicious` is the round's count
+        of corrupted uploads, for aggregators granted it."""
         raise NotImplementedError
 
     # ---- client half -------------------------------------------------------------------------
@@ -70,8 +75,11 @@ class Algorithm:
         """Load the payload (and the client's stored state) into the module."""
         raise NotImplementedError
 
-    def client_end(self, module: ClientModule, client_id: int, payload: Message) -> Message:
-        """Store what stays on the client; return what is uploaded."""
+    def client_end(
+        self, module: ClientModule, client_id: int, payload: Message, training: LocalTraining
+    ) -> Message:
+        """Store what stays on the client; return what is uploaded. `training` is what local
+        training did (SCAFFOLD-like control variates need its `steps` and `lr`)."""
         raise NotImplementedError
 
     # ---- evaluation --------------------------------------------------------------------------

@@ -14,7 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-OPTIMIZERS = {"sgd", "adam"}
+from fedexp.core.local import OPTIMIZERS, ClientConfig
+
+__all__ = ["OPTIMIZERS", "ClientConfig", "ClientModule", "JointOptimizer", "Phase"]
 
 
 @dataclass(frozen=True)
@@ -26,23 +28,15 @@ class Phase:
     params: tuple[nn.Parameter, ...]
 
 
-def optimizer_spec(client_cfg) -> tuple[str, dict[str, float]]:
-    """(name, keyword arguments) of the client optimizer named by `client.optimizer`."""
-    kwargs = {"lr": float(client_cfg.lr), "weight_decay": float(client_cfg.weight_decay)}
-    if client_cfg.optimizer == "sgd":
-        kwargs["momentum"] = float(client_cfg.momentum)
-    return str(client_cfg.optimizer), kwargs
-
-
 def make_optimizer(params, spec: tuple[str, dict[str, float]]) -> torch.optim.Optimizer:
     """The optimizer of an `optimizer_spec` over `params` (tensors or param groups)."""
     name, kwargs = spec
     return (torch.optim.SGD if name == "sgd" else torch.optim.Adam)(params, **kwargs)
 
 
-def build_optimizer(params, client_cfg) -> torch.optim.Optimizer:
+def build_optimizer(params, client: ClientConfig) -> torch.optim.Optimizer:
     """The client optimizer named by `client.optimizer`."""
-    return make_optimizer(params, optimizer_spec(client_cfg))
+    return make_optimizer(params, client.optimizer_spec)
 
 
 class JointOptimizer:
@@ -69,15 +63,14 @@ class ClientModule(L.LightningModule):
     removing parameters inside the one it has.
     """
 
-    def __init__(self, model: nn.Module, client_cfg):
+    def __init__(self, model: nn.Module, client: ClientConfig):
         super().__init__()
         self.model = model
-        self.client_cfg = client_cfg
+        self.client = client
         self.generator: torch.Generator | None = None  # the client's own stream, set per client
         self._phase_params: tuple[nn.Parameter, ...] = tuple(model.parameters())
-        # read once: a DictConfig attribute costs tens of microseconds, a client is a few steps
-        self._optimizer_spec = optimizer_spec(client_cfg)
-        self._local_epochs = int(client_cfg.local_epochs)
+        self._optimizer_spec = client.optimizer_spec
+        self._local_epochs = client.local_epochs
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)

@@ -108,7 +108,6 @@ class DistributedExecutor:
     """Shards each round's cohort over the process group; the inner executor trains a shard.
 
     Args:
-        batch_size: the local batch size (`client.batch_size`).
         inner: the executor each rank runs on its shard: auto, sequential or vectorized.
         device: the run's `device` (auto picks the inner executor from it).
         chunk_size: vectorized inner executor only: clients per vmapped call.
@@ -118,7 +117,6 @@ class DistributedExecutor:
 
     def __init__(
         self,
-        batch_size: int,
         inner: str = "auto",
         device: str = "auto",
         chunk_size: int | None = None,
@@ -140,7 +138,7 @@ class DistributedExecutor:
             dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
             atexit.register(_shutdown)
         self.rank, self.size = rank, size
-        self.inner = executor_named(inner, batch_size, device, chunk_size, key="executor.inner")
+        self.inner = executor_named(inner, device, chunk_size, key="executor.inner")
 
     def run(
         self, algorithm: Algorithm, payloads: Mapping[int, Message], ctx: RoundContext, data

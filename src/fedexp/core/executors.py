@@ -9,6 +9,7 @@ import torch
 
 from fedexp.core.algorithm import Algorithm
 from fedexp.core.client import ClientModule
+from fedexp.core.local import LocalTraining, PhaseTraining, optimizer_lrs
 from fedexp.core.seeding import CLIENT, client_generator, derive_seed, seed_global_rng
 from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext, ServerState
 
@@ -20,8 +21,8 @@ def train_local(
     batch_size: int,
     generator: torch.Generator,
     batch_transform=None,
-) -> tuple[torch.Tensor, int]:
-    """Drive the module's `training_step` over its phases; returns (mean loss tensor, steps).
+) -> LocalTraining:
+    """Drive the module's `training_step` over its phases; returns what the training did.
 
     The mean loss stays a tensor so a round costs one host sync, not one per client.
     `batch_transform(x_batch, generator)` is the dataset's training augmentation, if any.
@@ -31,9 +32,11 @@ def train_local(
     n = len(y)
     total = torch.zeros((), device=x.device)
     steps = 0
+    phases = []
     for phase in module.phases():
         module.start_phase(phase)
         optimizer = module.configure_optimizers()
+        first = steps
         for _epoch in range(phase.epochs):
             order = torch.randperm(n, generator=generator).to(x.device)
             for start in range(0, n, batch_size):
@@ -45,31 +48,81 @@ def train_local(
                 optimizer.step()
                 total += loss.detach()
                 steps += 1
-    return total / max(steps, 1), steps
+        phases.append(
+            PhaseTraining(phase.name, phase.epochs, steps - first, optimizer_lrs(optimizer))
+        )
+    return LocalTraining(steps, n, total / max(steps, 1), tuple(phases))
+
+
+def client_streams(seed: int, round_idx: int, client_id: int) -> tuple[int, torch.Generator]:
+    """(seed of torch's global RNG, the client's own generator) of a client in a round: any use
+    of the global RNG (dropout, sampling) is also a function of (seed, round, id)."""
+    global_seed = derive_seed(seed, CLIENT, round_idx, client_id, 1)
+    return global_seed, client_generator(seed, round_idx, client_id)
+
+
+def begin_client(
+    algorithm: Algorithm,
+    client_id: int,
+    payload: Message,
+    global_seed: int,
+    generator: torch.Generator,
+) -> ClientModule:
+    """The first half of every client's local training, in this order: seed torch's global RNG,
+    get the client's module, give it its generator, `client_begin`. Returns the module, ready
+    to train."""
+    seed_global_rng(global_seed, algorithm.device)
+    module = algorithm.client_module(client_id)
+    module.generator = generator
+    algorithm.client_begin(module, client_id, payload)
+    return module
+
+
+def finish_client(
+    algorithm: Algorithm,
+    module: ClientModule,
+    client_id: int,
+    payload: Message,
+    training: LocalTraining,
+) -> ClientResult:
+    """The second half: `client_end` with what the training did; returns the client's result."""
+    upload = algorithm.client_end(module, client_id, payload, training)
+    return ClientResult(client_id, training.samples, upload, training.mean_loss, training.steps)
+
+
+def run_client(
+    algorithm: Algorithm,
+    client_id: int,
+    payload: Message,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    global_seed: int,
+    generator: torch.Generator,
+    batch_transform=None,
+) -> ClientResult:
+    """One client's whole local round on (x, y): `begin_client`, `train_local` with the
+    algorithm's client settings, `finish_client`."""
+    module = begin_client(algorithm, client_id, payload, global_seed, generator)
+    batch_size = algorithm.ctx.client.batch_size
+    training = train_local(module, x, y, batch_size, module.generator, batch_transform)
+    return finish_client(algorithm, module, client_id, payload, training)
 
 
 class SequentialExecutor:
-    """One client after another on one resident model per architecture."""
-
-    def __init__(self, batch_size: int):
-        self.batch_size = batch_size
+    """One client after another on one resident model per architecture; the local batch size
+    and optimizer are the algorithm's `ClientConfig`."""
 
     def run(
         self, algorithm: Algorithm, payloads: Mapping[int, Message], ctx: RoundContext, data
     ) -> list[ClientResult]:
         results = []
         for cid in ctx.client_ids:
-            # any use of the global RNG (dropout, sampling) is also a function of (seed, round, id)
-            seed_global_rng(derive_seed(ctx.seed, CLIENT, ctx.round, cid, 1), algorithm.device)
-            module = algorithm.client_module(cid)
-            module.generator = client_generator(ctx.seed, ctx.round, cid)
-            algorithm.client_begin(module, cid, payloads[cid])
+            global_seed, generator = client_streams(ctx.seed, ctx.round, cid)
             x, y = data.train(cid)
-            loss, steps = train_local(
-                module, x, y, self.batch_size, module.generator, data.batch_transform
+            result = run_client(
+                algorithm, cid, payloads[cid], x, y, global_seed, generator, data.batch_transform
             )
-            upload = algorithm.client_end(module, cid, payloads[cid])
-            results.append(ClientResult(cid, len(y), upload, loss, steps))
+            results.append(result)
         return results
 
 
@@ -111,7 +164,6 @@ def train_aside(
 
 def executor_named(
     name: str,
-    batch_size: int,
     device: str = "auto",
     chunk_size: int | None = None,
     key: str = "executor",
@@ -124,14 +176,14 @@ def executor_named(
         cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
         name = "vectorized" if cuda else "sequential"
     if name == "sequential":
-        return SequentialExecutor(batch_size)
+        return SequentialExecutor()
     if name == "vectorized":
         from fedexp.core.vectorized import VectorizedExecutor
 
-        return VectorizedExecutor(batch_size, chunk_size)
+        return VectorizedExecutor(chunk_size)
     raise ConfigError(f"{key}: must be auto, sequential or vectorized, got {name!r}")
 
 
-def auto_executor(batch_size: int, device: str = "auto", chunk_size: int | None = None):
+def auto_executor(device: str = "auto", chunk_size: int | None = None):
     """executor=auto: vectorized when training runs on CUDA, sequential on the CPU."""
-    return executor_named("auto", batch_size, device, chunk_size)
+    return executor_named("auto", device, chunk_size)

@@ -5,11 +5,13 @@ Each says its exact size on the wire (see `fedexp.metrics.comm` for the formats)
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from fedexp.core.types import Message
+from fedexp.core.types import RANKING, SIGNS, SPARSE, Message
 from fedexp.metrics.comm import FLOAT_BITS, index_bits, permutation_bits
 
 
@@ -18,9 +20,13 @@ class Signs(Message):
     """One sign per coordinate (+1 / -1 as int8), packed on the wire as 1 bit each (SignSGD)."""
 
     values: torch.Tensor
+    capabilities = frozenset({SIGNS})
 
     def num_bits(self) -> int:
         return self.values.numel()
+
+    def map_values(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Message:
+        return Signs(fn(self.values))
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,7 @@ class SparseDelta(Message):
     values: torch.Tensor
     indices: torch.Tensor
     dim: int
+    capabilities = frozenset({SPARSE})
 
     def num_bits(self) -> int:
         return self.values.numel() * (FLOAT_BITS + index_bits(self.dim))
@@ -38,12 +45,16 @@ class SparseDelta(Message):
         out = torch.zeros(self.dim, dtype=self.values.dtype, device=self.values.device)
         return out.index_put((self.indices,), self.values)
 
+    def map_values(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Message:
+        return dataclasses.replace(self, values=fn(self.values))
+
 
 @dataclass(frozen=True)
 class Ranking(Message):
     """One permutation per supermask layer: edge ids from the lowest to the highest rank (FRL)."""
 
     layers: tuple[torch.Tensor, ...]
+    capabilities = frozenset({RANKING})
 
     def num_bits(self) -> int:
         return sum(permutation_bits(layer.numel()) for layer in self.layers)

@@ -10,6 +10,7 @@ from functools import partial
 
 import torch
 
+from fedexp.core.aggregation import malicious_count
 from fedexp.core.algorithm import Algorithm
 from fedexp.core.evaluation import evaluate
 from fedexp.core.executors import train_aside
@@ -68,6 +69,8 @@ class Orchestrator:
             train_aside, self.algorithm, self.executor, self.train_data, state, t, self.seed
         )
         results = self.attack.apply(results, dataclasses.replace(ctx, train_aside=aside))
+        # the aggregation is told how many uploads the attack corrupted (it flags them)
+        ctx = dataclasses.replace(ctx, num_malicious=malicious_count(results))
         losses = torch.stack([torch.as_tensor(r.train_loss) for r in results])
         train_loss = float(losses.mean())
         if not math.isfinite(train_loss):

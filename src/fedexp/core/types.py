@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -28,6 +29,9 @@ class RoundContext:
     round: int
     client_ids: tuple[int, ...]
     seed: int
+    # uploads of this round an attack corrupted (flagged `ClientResult.malicious`); the round
+    # loop fills it after the attack, before `aggregate`, where aggregators may be granted it
+    num_malicious: int = 0
     # benign local training of other clients on this round's payloads that leaves no trace
     # (`fedexp.core.executors.train_aside`); set by the round loop for the attack only
     train_aside: Callable[[Sequence[int]], list[ClientResult]] | None = field(
@@ -35,15 +39,56 @@ class RoundContext:
     )
 
 
+# what a message carries, as attacks and aggregators see it (`Message.capabilities`)
+VECTOR = "vector"  # one dense flat float vector: `vector`, `with_vector` (`VectorMessage`)
+SIGNS = "signs"  # one +1/-1 per coordinate (int8): `map_values`
+SPARSE = "sparse"  # some coordinates of a float vector (values and indices): `map_values`
+RANKING = "ranking"  # permutations of edge ids (FRL)
+
+
 class Message:
-    """A payload or an upload. Subclasses say how many bits they cost on the wire."""
+    """A payload or an upload. Subclasses say how many bits they cost on the wire, and what they
+    carry in `capabilities` (`VECTOR`, `SIGNS`, `SPARSE`, `RANKING`): an attack corrupts the
+    messages whose capabilities it knows, whatever their class."""
+
+    capabilities: ClassVar[frozenset[str]] = frozenset()
 
     def num_bits(self) -> int:
         raise NotImplementedError
 
+    def map_values(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Message:
+        """The same message with `fn` applied elementwise to the numbers it carries (`fn(0)`
+        must be 0 for sparse messages: the coordinates not sent stay zero)."""
+        raise TypeError(f"{type(self).__name__} carries no values to transform")
+
+
+class VectorMessage(Message):
+    """A message carrying one flat float vector (the `VECTOR` capability): `vector` reads it and
+    `with_vector` returns the same message carrying another, whatever the field is called.
+    FedAvg's hooks read payloads and uploads through it, so a payload with more in it (FedHeNN's
+    RAD, WAFFLe's temperature) needs no hooks of its own for the weights."""
+
+    capabilities: ClassVar[frozenset[str]] = frozenset({VECTOR})
+    vector_field: ClassVar[str] = "values"  # the dataclass field holding the vector
+
+    @property
+    def vector(self) -> torch.Tensor:
+        return getattr(self, self.vector_field)
+
+    def with_vector(self, vector: torch.Tensor) -> VectorMessage:
+        return dataclasses.replace(self, **{self.vector_field: vector})
+
+    def map_values(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Message:
+        return self.with_vector(fn(self.vector))
+
+
+def capabilities(message_type: type | None) -> frozenset[str]:
+    """What a Message class carries (nothing for None: an undeclared upload type)."""
+    return getattr(message_type, "capabilities", frozenset())
+
 
 @dataclass(frozen=True)
-class Weights(Message):
+class Weights(VectorMessage):
     """Dense float tensor (a flat parameter vector or a delta)."""
 
     values: torch.Tensor

@@ -22,7 +22,9 @@ SGD/Adam (`functional_optim`) keeps one optimizer state per client. What a modul
 - A custom `autograd.Function` (straight-through estimators) needs `setup_context` and
   `generate_vmap_rule = True`.
 - `client_begin`/`client_end` talk through the module and the client store only: all of a
-  cohort's `client_begin` calls run before training, all `client_end` calls after.
+  cohort's `client_begin` calls run before training, all `client_end` calls after (the
+  sequential executor's `begin_client` / `finish_client`, wrapped around the batched training;
+  `client_end` gets the same `LocalTraining` facts as there).
 """
 
 from __future__ import annotations
@@ -39,8 +41,10 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from fedexp.core.algorithm import Algorithm
 from fedexp.core.client import ClientModule
+from fedexp.core.executors import begin_client, client_streams, finish_client
 from fedexp.core.functional_optim import FunctionalOptimizer, spec_from_optimizer
-from fedexp.core.seeding import CLIENT, client_generator, derive_seed, seed_global_rng
+from fedexp.core.local import LocalTraining, PhaseTraining, optimizer_lrs
+from fedexp.core.seeding import CLIENT, derive_seed, seed_global_rng
 from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext
 
 IGNORE_LABEL = -100  # F.cross_entropy's default ignore_index
@@ -53,6 +57,7 @@ class _PhasePlan:
     param_names: tuple[str, ...]
     steps: int  # this client's steps in the phase
     orders: list[torch.Tensor]  # one permutation per epoch, from the client's generator
+    lrs: tuple[float, ...] = ()  # the phase optimizer's learning rates, per param group
 
 
 @dataclass
@@ -68,6 +73,7 @@ class _ClientRun:
     phases: list[_PhasePlan]
     optim_specs: list[dict]
     state: dict[str, torch.Tensor] = field(default_factory=dict)  # params and buffers
+    payload: Message | None = None  # what the client received, handed back to `client_end`
 
 
 class _TrainingStep(nn.Module):
@@ -116,21 +122,25 @@ def _check_vmappable(module: nn.Module) -> None:
 class VectorizedExecutor:
     """Trains each architecture group of the cohort at once with `torch.func`.
 
+    The local batch size and optimizer are the algorithm's `ClientConfig`.
+
     Args:
-        batch_size: the local batch size (`client.batch_size`).
         chunk_size: at most this many clients per vmapped call (bounds GPU memory); None: all.
     """
 
-    def __init__(self, batch_size: int, chunk_size: int | None = None):
+    def __init__(self, chunk_size: int | None = None):
         if chunk_size is not None and chunk_size < 1:
             raise ConfigError(f"executor.chunk_size: must be >= 1 or null, got {chunk_size}")
-        self.batch_size = batch_size
         self.chunk_size = chunk_size
 
     def run(
         self, algorithm: Algorithm, payloads: Mapping[int, Message], ctx: RoundContext, data
     ) -> list[ClientResult]:
-        runs = [self._begin(algorithm, cid, payloads[cid], ctx, data) for cid in ctx.client_ids]
+        batch_size = algorithm.ctx.client.batch_size
+        runs = [
+            self._begin(algorithm, cid, payloads[cid], ctx, data, batch_size)
+            for cid in ctx.client_ids
+        ]
         groups: dict[tuple, list[_ClientRun]] = {}
         for run in runs:
             groups.setdefault(_architecture(run.module), []).append(run)
@@ -143,7 +153,7 @@ class VectorizedExecutor:
                     derive_seed(ctx.seed, CLIENT, ctx.round, chunk[0].client_id, 2),
                     algorithm.device,
                 )
-                trained.update(self._train(chunk, data))
+                trained.update(self._train(chunk, data, batch_size))
         results = []
         for run in runs:
             params, loss, steps = trained[run.client_id]
@@ -155,38 +165,44 @@ class VectorizedExecutor:
                     b.copy_(run.state[name])
             vars(module).update(run.attrs)
             module.generator = run.generator
-            upload = algorithm.client_end(module, run.client_id, payloads[run.client_id])
-            results.append(ClientResult(run.client_id, len(run.y), upload, loss, steps))
+            phases = tuple(PhaseTraining(p.name, len(p.orders), p.steps, p.lrs) for p in run.phases)
+            training = LocalTraining(steps, len(run.y), loss, phases)
+            results.append(finish_client(algorithm, module, run.client_id, run.payload, training))
         return results
 
     # ---- before training: the sequential executor's calls, in its order ----------------------
-    def _begin(self, algorithm, cid: int, payload, ctx: RoundContext, data) -> _ClientRun:
-        seed_global_rng(derive_seed(ctx.seed, CLIENT, ctx.round, cid, 1), algorithm.device)
-        module = algorithm.client_module(cid)
-        module.generator = client_generator(ctx.seed, ctx.round, cid)
-        algorithm.client_begin(module, cid, payload)
+    def _begin(
+        self, algorithm, cid: int, payload, ctx: RoundContext, data, batch_size: int
+    ) -> _ClientRun:
+        global_seed, generator = client_streams(ctx.seed, ctx.round, cid)
         x, y = data.train(cid)
+        module = begin_client(algorithm, cid, payload, global_seed, generator)
         module.train()
         names = {id(p): n for n, p in module.named_parameters()}
         phases, specs = [], []
         for phase in module.phases():
             module.start_phase(phase)
-            specs.append(spec_from_optimizer(module.configure_optimizers(), names))
+            optimizer = module.configure_optimizers()
+            specs.append(spec_from_optimizer(optimizer, names))
             orders = [
                 torch.randperm(len(y), generator=module.generator) for _ in range(phase.epochs)
             ]
-            per_epoch = -(-len(y) // self.batch_size)
+            per_epoch = -(-len(y) // batch_size)
             phase_names = tuple(names[id(p)] for p in phase.params)
-            phases.append(_PhasePlan(phase.name, phase_names, phase.epochs * per_epoch, orders))
+            steps = phase.epochs * per_epoch
+            lrs = optimizer_lrs(optimizer)
+            phases.append(_PhasePlan(phase.name, phase_names, steps, orders, lrs))
         # this client's starting point: the next client_begin overwrites the module
         state = {
             n: t.detach().clone() for n, t in [*module.named_parameters(), *module.named_buffers()]
         }
         attrs = client_attrs(module)
-        return _ClientRun(cid, module, module.generator, x, y, attrs, phases, specs, state)
+        return _ClientRun(cid, module, module.generator, x, y, attrs, phases, specs, state, payload)
 
     # ---- one vmapped group ---------------------------------------------------------------------
-    def _train(self, runs: list[_ClientRun], data) -> dict[int, tuple[dict, torch.Tensor, int]]:
+    def _train(
+        self, runs: list[_ClientRun], data, batch_size: int
+    ) -> dict[int, tuple[dict, torch.Tensor, int]]:
         module = runs[0].module
         _check_vmappable(module)
         device = runs[0].x.device
@@ -214,7 +230,7 @@ class VectorizedExecutor:
             for k, phase in enumerate(runs[0].phases):
                 trainable = set(phase.param_names)
                 optim = FunctionalOptimizer(runs[0].optim_specs[k])
-                idx, valid, active = _schedule(runs, k, offsets, self.batch_size)
+                idx, valid, active = _schedule(runs, k, offsets, batch_size)
                 everyone = active.all(0).tolist()  # on the host: no device sync per step
                 idx, valid, active = idx.to(device), valid.to(device), active.to(device)
                 for t in range(idx.shape[1]):
