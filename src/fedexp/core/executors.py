@@ -25,12 +25,15 @@ def train_local(
 
     The mean loss stays a tensor so a round costs one host sync, not one per client.
     `batch_transform(x_batch, generator)` is the dataset's training augmentation, if any.
+    What the steps `log` is folded into `module.log_capture` (its means: `ClientResult.logged`).
     """
     if not (module.training and module.model.training):  # a full .train() walks every module
         module.train()
     n = len(y)
     total = torch.zeros((), device=x.device)
     steps = 0
+    capture = module.log_capture
+    capture.reset()
     for phase in module.phases():
         module.start_phase(phase)
         optimizer = module.configure_optimizers()
@@ -44,6 +47,7 @@ def train_local(
                 loss.backward()
                 optimizer.step()
                 total += loss.detach()
+                capture.end_step()
                 steps += 1
     return total / max(steps, 1), steps
 
@@ -69,7 +73,8 @@ class SequentialExecutor:
                 module, x, y, self.batch_size, module.generator, data.batch_transform
             )
             upload = algorithm.client_end(module, cid, payloads[cid])
-            results.append(ClientResult(cid, len(y), upload, loss, steps))
+            logged = module.log_capture.means()
+            results.append(ClientResult(cid, len(y), upload, loss, steps, logged=logged))
         return results
 
 
