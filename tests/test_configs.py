@@ -26,6 +26,7 @@ REQUIRES: dict[tuple[str, str], tuple[str, ...]] = {
     ("model", "cnn_family"): ("algorithm=fedhenn", "algorithm.variant=heterogeneous"),
     ("model", "lstm"): ("dataset=sent140",),
     ("model", "lstm_family"): ("dataset=sent140",),
+    ("model", "lightning"): ("model._target_=lightning_docs_model.LitBodyHead",),
     ("aggregator", "rank_vote"): ("algorithm=frl",),
     ("attack", "rank_reversal"): ("algorithm=frl",),
 }

@@ -33,6 +33,7 @@ from fedexp.core.local import ClientConfig
 from fedexp.core.orchestrator import Orchestrator
 from fedexp.core.threads import apply_threads
 from fedexp.core.types import ConfigError, Diverged
+from fedexp.core.user_module import factory_arguments
 from fedexp.core.validation import check_objective_name, target, validate_config, validate_data
 from fedexp.data.federated import FederatedData
 from fedexp.data.partition import class_counts
@@ -227,7 +228,8 @@ class Experiment:
             num_classes=self.data.num_classes,
             **self.data.dataset.model_kwargs,
         )
-        model_factory = partial(factory, **model_args)
+        # a LightningModule of the user's gets the arguments its __init__ names (maybe none)
+        model_factory = partial(factory, **factory_arguments(factory, model_args))
         self.store = ClientStore(**OmegaConf.to_container(cfg.get("client_store") or {}))
         ctx = BuildContext(
             model_factory=model_factory,

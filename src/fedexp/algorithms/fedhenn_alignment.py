@@ -248,7 +248,7 @@ class AlignModule(ClientModule):
         return 1 - linear_cka(reps, self.target)  # feature space: O(L d^2), not O(L^2 d)
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
-        loss = self.task_loss(batch)
+        loss = self.task_loss(batch, batch_idx)
         if self.rad is None:
             return loss
         return loss + self.eta * self.alignment_distance()

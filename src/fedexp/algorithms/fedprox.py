@@ -22,7 +22,7 @@ class ProxModule(ClientModule):
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         prox = sum(((p - a) ** 2).sum() for p, a in zip(self.model.parameters(), self.anchor))
-        return self.task_loss(batch) + 0.5 * self.mu * prox
+        return self.task_loss(batch, batch_idx) + 0.5 * self.mu * prox
 
 
 class FedProx(FedAvg):

@@ -15,6 +15,7 @@ from fedexp.core.algorithm import BuildContext, flat_params, load_flat
 from fedexp.core.client import ClientModule, Phase
 from fedexp.core.local import ClientConfig, LocalTraining
 from fedexp.core.types import ConfigError, Message, ServerState
+from fedexp.core.user_module import check_head_body
 
 
 class RepModule(ClientModule):
@@ -40,6 +41,7 @@ class FedRep(FedAvg):
         super().__init__(ctx, **kwargs)
 
     def make_module(self, model: nn.Module) -> ClientModule:
+        check_head_body(model, "FedRep")
         return RepModule(model, self.ctx.client, self.head_epochs, self.body_epochs)
 
     def shared(self, model: nn.Module) -> list[nn.Parameter]:

@@ -70,6 +70,8 @@ class DictionaryPayload(VectorMessage):
 class WaffleModule(ClientModule):
     """Negative ELBO of one client: data term over MC samples of (v, b) plus the scaled KL."""
 
+    uses_task_loss = False  # the data term runs the factorized model under sampled masks
+
     def __init__(
         self,
         model: nn.Module,

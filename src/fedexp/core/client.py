@@ -3,18 +3,35 @@
 Executors drive `training_step` and `configure_optimizers` themselves (no Trainer per client): a
 fresh `Trainer.fit` per client costs 1.5-4x a plain loop. A module may train in several phases
 (FedRep: head, then body), each with its own trainable parameters and epoch count.
+
+Lightning is imported when the first client module is built, not when this file is: importing
+it costs seconds, and `--help`, config checks and algorithm imports never need it. Each
+`ClientModule` class gets its LightningModule form (`lightning_class`) on first instantiation.
+
+The task loss is a seam (`task_loss`): cross-entropy of the model, or the model's own
+`training_step` when the model is a researcher's LightningModule (`fedexp.core.user_module`);
+an algorithm adds its term around it. `self.log` is captured here (no Trainer exists) and
+reported as `client/<name>`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from fedexp.core.local import OPTIMIZERS, ClientConfig
+from fedexp.core.types import ConfigError
+from fedexp.core.user_module import (
+    LogCapture,
+    check_model,
+    is_user_objective,
+    route_logs,
+    step_loss,
+    user_optimizer,
+)
 
 __all__ = ["OPTIMIZERS", "ClientConfig", "ClientModule", "JointOptimizer", "Phase"]
 
@@ -31,6 +48,8 @@ class Phase:
 def make_optimizer(params, spec: tuple[str, dict[str, float]]) -> torch.optim.Optimizer:
     """The optimizer of an `optimizer_spec` over `params` (tensors or param groups)."""
     name, kwargs = spec
+    if name not in ("sgd", "adam"):
+        raise ConfigError(f"client.optimizer: must be sgd or adam here, got {name!r}")
     return (torch.optim.SGD if name == "sgd" else torch.optim.Adam)(params, **kwargs)
 
 
@@ -55,13 +74,42 @@ class JointOptimizer:
             optimizer.step()
 
 
-class ClientModule(L.LightningModule):
-    """Local objective of FedAvg: cross-entropy on the client's data. Subclasses add their term.
+_LIGHTNING_CLASSES: dict[type, type] = {}
 
-    The model's parameter list is read once per model object (walking the module tree costs
-    more than a step of a small model): give the module a new model rather than adding or
-    removing parameters inside the one it has.
+
+def lightning_class(cls: type) -> type:
+    """`cls` with `LightningModule` among its bases (made once per class; Lightning's import
+    happens here). Its methods come first, so it behaves as `cls(LightningModule)` would."""
+    made = _LIGHTNING_CLASSES.get(cls)
+    if made is None:
+        import lightning as L
+
+        if issubclass(cls, L.LightningModule):
+            made = cls
+        else:
+            namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
+            made = type(
+                cls.__name__, (cls, L.LightningModule), {**namespace, "__doc__": cls.__doc__}
+            )
+        _LIGHTNING_CLASSES[cls] = made
+    return made
+
+
+class ClientModule(nn.Module):
+    """Local objective of FedAvg: the task loss on the client's data. Subclasses add their term.
+
+    An instance is a LightningModule (`lightning_class`). The model's parameter list is read
+    once per model object (walking the module tree costs more than a step of a small model):
+    give the module a new model rather than adding or removing parameters inside the one it
+    has.
     """
+
+    # False where `training_step` does not go through `task_loss`: such an objective cannot
+    # take a LightningModule model's own training_step
+    uses_task_loss = True
+
+    def __new__(cls, *args, **kwargs):
+        return super().__new__(lightning_class(cls))
 
     def __init__(self, model: nn.Module, client: ClientConfig):
         super().__init__()
@@ -71,16 +119,47 @@ class ClientModule(L.LightningModule):
         self._phase_params: tuple[nn.Parameter, ...] = tuple(model.parameters())
         self._optimizer_spec = client.optimizer_spec
         self._local_epochs = client.local_epochs
+        self._log_capture = LogCapture()
+        check_model(type(self).__name__, self.uses_task_loss, model, client.optimizer)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
 
-    def task_loss(self, batch) -> torch.Tensor:
+    def user_objective(self) -> bool:
+        """Whether the model is a LightningModule whose `training_step` is the task loss (read
+        once per model object; its `self.log` then writes into this module's capture)."""
+        if self.__dict__.get("_objective_of") is not self.model:
+            user = is_user_objective(self.model)
+            if user:
+                route_logs(self.model, self._log_capture)
+            self.__dict__["_user_objective"] = user
+            self.__dict__["_objective_of"] = self.model
+        return self.__dict__["_user_objective"]
+
+    def task_loss(self, batch, batch_idx: int = 0) -> torch.Tensor:
+        """The task's loss on `batch`: the model's own `training_step` when it has one (a
+        LightningModule of the user's), else cross-entropy of its logits."""
+        if self.user_objective():
+            return step_loss(self.model, batch, batch_idx)
         x, y = batch
         return F.cross_entropy(self.model(x), y)
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
-        return self.task_loss(batch)
+        return self.task_loss(batch, batch_idx)
+
+    # ---- logging without a Trainer -------------------------------------------------------------
+    def log(self, name: str, value, *args, **kwargs) -> None:
+        """Record `value` for this step (`LightningModule.log`'s signature); reported as
+        `client/<name>`, the cohort's mean of each client's mean over its steps."""
+        self._log_capture.log(name, value, *args, **kwargs)
+
+    def log_dict(self, dictionary, *args, **kwargs) -> None:
+        self._log_capture.log_dict(dictionary, *args, **kwargs)
+
+    @property
+    def log_capture(self) -> LogCapture:
+        """What `log` recorded (the executors fold it per step and read its means)."""
+        return self._log_capture
 
     def model_params(self) -> tuple[nn.Parameter, ...]:
         """`tuple(self.model.parameters())`, cached per model object."""
@@ -101,4 +180,8 @@ class ClientModule(L.LightningModule):
         self._phase_params = phase.params
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
+        """`client.optimizer` over the phase's parameters; with `client.optimizer=module` the
+        model's own optimizer (the phase's frozen parameters get no gradient, so no step)."""
+        if self._optimizer_spec[0] == "module":
+            return user_optimizer(self.model)
         return make_optimizer(self._phase_params, self._optimizer_spec)

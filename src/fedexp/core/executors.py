@@ -26,6 +26,7 @@ def train_local(
 
     The mean loss stays a tensor so a round costs one host sync, not one per client.
     `batch_transform(x_batch, generator)` is the dataset's training augmentation, if any.
+    What the steps `log` is folded into `module.log_capture` (its means: `ClientResult.logged`).
     """
     if not (module.training and module.model.training):  # a full .train() walks every module
         module.train()
@@ -33,6 +34,8 @@ def train_local(
     total = torch.zeros((), device=x.device)
     steps = 0
     phases = []
+    capture = module.log_capture
+    capture.reset()
     for phase in module.phases():
         module.start_phase(phase)
         optimizer = module.configure_optimizers()
@@ -47,6 +50,7 @@ def train_local(
                 loss.backward()
                 optimizer.step()
                 total += loss.detach()
+                capture.end_step()
                 steps += 1
         phases.append(
             PhaseTraining(phase.name, phase.epochs, steps - first, optimizer_lrs(optimizer))
@@ -84,10 +88,18 @@ def finish_client(
     client_id: int,
     payload: Message,
     training: LocalTraining,
+    logged: dict[str, torch.Tensor] | None = None,
 ) -> ClientResult:
-    """The second half: `client_end` with what the training did; returns the client's result."""
+    """The second half: `client_end` with what the training did; returns the client's result.
+
+    `logged`: the means of what the steps logged (`self.log`); None reads them from the module's
+    log capture (the sequential loop's steps fill it; the vectorized executor passes its own)."""
     upload = algorithm.client_end(module, client_id, payload, training)
-    return ClientResult(client_id, training.samples, upload, training.mean_loss, training.steps)
+    if logged is None:
+        logged = module.log_capture.means()
+    return ClientResult(
+        client_id, training.samples, upload, training.mean_loss, training.steps, logged=logged
+    )
 
 
 def run_client(

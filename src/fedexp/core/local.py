@@ -11,7 +11,8 @@ import torch
 
 from fedexp.core.types import ConfigError
 
-OPTIMIZERS = ("sgd", "adam")
+# module: the model's own `configure_optimizers` (a LightningModule of the user's)
+OPTIMIZERS = ("sgd", "adam", "module")
 
 
 def _number(key: str, value: Any, kind: type) -> Any:
@@ -29,7 +30,7 @@ class ClientConfig:
     Attributes:
         local_epochs: passes over the client's training data per round (E).
         batch_size: local mini-batch size (B); the last batch of an epoch may be shorter.
-        optimizer: `sgd` or `adam`.
+        optimizer: `sgd`, `adam`, or `module` (the model's own `configure_optimizers`).
         lr: the optimizer's learning rate.
         momentum: SGD momentum (ignored by Adam).
         weight_decay: L2 weight decay of the optimizer.

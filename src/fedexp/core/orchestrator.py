@@ -18,6 +18,18 @@ from fedexp.core.seeding import sample_clients
 from fedexp.core.types import Diverged, RoundContext, ServerState
 
 
+def logged_means(results: Sequence) -> dict[str, float]:
+    """`client/<name>` for each name the clients' steps logged: the mean over the clients that
+    logged it of each one's mean over its steps."""
+    names = dict.fromkeys(name for r in results for name in r.logged)
+    return {
+        f"client/{name}": float(
+            torch.stack([r.logged[name] for r in results if name in r.logged]).mean()
+        )
+        for name in names
+    }
+
+
 class Orchestrator:
     """Drives `rounds` rounds of configure -> local training -> attack -> aggregate -> evaluate."""
 
@@ -88,6 +100,7 @@ class Orchestrator:
         metrics = {
             "round": t,
             "train/loss": train_loss,
+            **logged_means(results),
             **metrics,
             **self.attack.round_metrics(results),
             "comm/up_bits": up,

@@ -115,6 +115,8 @@ class ClientResult:
     train_loss: float
     num_steps: int
     malicious: bool = False  # set by an attack that corrupted this upload
+    # what `self.log` recorded in the client's steps: name -> its mean over those steps
+    logged: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass

@@ -25,6 +25,9 @@ SGD/Adam (`functional_optim`) keeps one optimizer state per client. What a modul
   cohort's `client_begin` calls run before training, all `client_end` calls after (the
   sequential executor's `begin_client` / `finish_client`, wrapped around the batched training;
   `client_end` gets the same `LocalTraining` facts as there).
+- What `training_step` logs (`self.log`) leaves the vmapped step as an output, one value per
+  client, and is averaged over each client's own (unpadded) steps. A value computed over the
+  batch sees the padded samples of an epoch's short last batch (label -100), as the loss does.
 """
 
 from __future__ import annotations
@@ -144,7 +147,7 @@ class VectorizedExecutor:
         groups: dict[tuple, list[_ClientRun]] = {}
         for run in runs:
             groups.setdefault(_architecture(run.module), []).append(run)
-        trained: dict[int, tuple[dict, torch.Tensor, int]] = {}
+        trained: dict[int, tuple[dict, torch.Tensor, int, dict]] = {}
         step = self.chunk_size or len(runs)
         for group in groups.values():
             for start in range(0, len(group), step):
@@ -156,7 +159,7 @@ class VectorizedExecutor:
                 trained.update(self._train(chunk, data, batch_size))
         results = []
         for run in runs:
-            params, loss, steps = trained[run.client_id]
+            params, loss, steps, logged = trained[run.client_id]
             module = run.module
             with torch.no_grad():  # trained parameters; buffers as this client's begin left them
                 for name, p in module.named_parameters():
@@ -167,7 +170,9 @@ class VectorizedExecutor:
             module.generator = run.generator
             phases = tuple(PhaseTraining(p.name, len(p.orders), p.steps, p.lrs) for p in run.phases)
             training = LocalTraining(steps, len(run.y), loss, phases)
-            results.append(finish_client(algorithm, module, run.client_id, run.payload, training))
+            results.append(
+                finish_client(algorithm, module, run.client_id, run.payload, training, logged)
+            )
         return results
 
     # ---- before training: the sequential executor's calls, in its order ----------------------
@@ -200,9 +205,7 @@ class VectorizedExecutor:
         return _ClientRun(cid, module, module.generator, x, y, attrs, phases, specs, state, payload)
 
     # ---- one vmapped group ---------------------------------------------------------------------
-    def _train(
-        self, runs: list[_ClientRun], data, batch_size: int
-    ) -> dict[int, tuple[dict, torch.Tensor, int]]:
+    def _train(self, runs: list[_ClientRun], data, batch_size: int) -> dict[int, tuple]:
         module = runs[0].module
         _check_vmappable(module)
         device = runs[0].x.device
@@ -221,6 +224,8 @@ class VectorizedExecutor:
         transform = getattr(data, "batch_transform", None)
         step_fn = _vmapped_step(module)
         loss_sum = torch.zeros(num, device=device)
+        log_sums: dict[str, torch.Tensor] = {}  # name -> [num], over each client's own steps
+        log_counts: dict[str, torch.Tensor] = {}
         total_steps = [0] * num
         global_step = 0
         generator_backup = module.generator
@@ -242,7 +247,7 @@ class VectorizedExecutor:
                     yb = y_all[idx[:, t]].masked_fill(~valid[:, t], IGNORE_LABEL)
                     train = {n: stacked[n] for n in param_names if n in trainable}
                     frozen = {n: stacked[n] for n in param_names if n not in trainable}
-                    grads, loss = step_fn(
+                    grads, (loss, logged) = step_fn(
                         train, frozen, buffers, batched_attrs, xb, yb, global_step + t
                     )
                     if everyone[t]:
@@ -251,6 +256,8 @@ class VectorizedExecutor:
                     else:
                         optim.step(train, grads, active[:, t])
                         loss_sum += torch.where(active[:, t], loss.detach(), 0.0)
+                    if logged:
+                        _fold_logged(log_sums, log_counts, logged, active[:, t], everyone[t])
                     stacked.update(train)
                 global_step += idx.shape[1]
                 for i, r in enumerate(runs):
@@ -260,21 +267,39 @@ class VectorizedExecutor:
         out = {}
         for i, r in enumerate(runs):
             params = {n: stacked[n][i] for n in param_names}
-            out[r.client_id] = (params, loss_sum[i] / max(total_steps[i], 1), total_steps[i])
+            logged = {k: log_sums[k][i] / log_counts[k][i] for k in log_sums if log_counts[k][i]}
+            loss = loss_sum[i] / max(total_steps[i], 1)
+            out[r.client_id] = (params, loss, total_steps[i], logged)
         return out
 
 
+def _fold_logged(sums: dict, counts: dict, logged: dict, active: torch.Tensor, everyone: bool):
+    """Add one step's logged values [num] of the active clients to the running sums."""
+    for name, value in logged.items():
+        value = value.detach().float()
+        if name not in sums:
+            sums[name] = torch.zeros_like(value)
+            counts[name] = torch.zeros(value.shape, dtype=torch.long, device=value.device)
+        sums[name] += value if everyone else torch.where(active, value, 0.0)
+        counts[name] += active
+
+
 def _vmapped_step(module: ClientModule):
-    """(trainable, frozen, buffers, attrs, x, y, batch_idx) -> (grads, loss), per client."""
+    """(trainable, frozen, buffers, attrs, x, y, batch_idx) -> (grads, (loss, logged)), per
+    client; `logged`: what the step passed to `self.log` (batched values must leave vmap as
+    outputs, so they are taken off the capture inside the step)."""
     wrapper = _TrainingStep(module)
+    capture = module.log_capture
 
     def loss_fn(trainable, frozen, buffers, attrs, x, y, batch_idx):
         vars(module).update(attrs)
         state = {f"inner.{n}": t for n, t in {**trainable, **frozen, **buffers}.items()}
-        return functional_call(wrapper, state, ((x, y), batch_idx))
+        capture.take_step()
+        loss = functional_call(wrapper, state, ((x, y), batch_idx))
+        return loss, capture.take_step()
 
     return vmap(
-        grad_and_value(loss_fn),
+        grad_and_value(loss_fn, has_aux=True),
         in_dims=(0, 0, 0, 0, 0, 0, None),
         randomness="different",
     )
