@@ -11,6 +11,7 @@ import pytest
 import torch
 from tests.conftest import smoke_experiment
 
+from components import with_yaml
 from fedexp.aggregators.mean import weighted_mean
 from fedexp.algorithms.fedavg import FedAvg
 from fedexp.algorithms.fedrep import FedRep
@@ -38,6 +39,13 @@ from fedexp.data.federated import FederatedData
 from fedexp.data.partition import Partition
 from fedexp.models.mlp import mlp
 from handworld import client_cfg, make_ctx, two_client_data
+
+NoAttack = with_yaml(NoAttack, "attack", "none")
+LIE = with_yaml(LIE, "attack", "lie")
+MinMax = with_yaml(MinMax, "attack", "min_max")
+SignFlip = with_yaml(SignFlip, "attack", "sign_flip")
+Scaling = with_yaml(Scaling, "attack", "scaling")
+RankReversal = with_yaml(RankReversal, "attack", "rank_reversal")
 
 GOOD = dict(local_epochs=2, batch_size=3, optimizer="sgd", lr=0.1, momentum=0.0, weight_decay=0.0)
 
@@ -130,7 +138,8 @@ def recording_round(executor, algorithm_cls=Recording, **kwargs) -> dict[int, Lo
         0,
         ClientStore(),
     )
-    algorithm = algorithm_cls(ctx, **kwargs)
+    option = "fedrep" if issubclass(algorithm_cls, FedRep) else "fedavg"
+    algorithm = with_yaml(algorithm_cls, "algorithm", option)(ctx, **kwargs)
     algorithm.seen = {}
     state = algorithm.init_state()
     round_ctx = RoundContext(1, (0, 1), 0)
@@ -249,7 +258,7 @@ def test_the_round_loop_tells_aggregate_and_the_aggregator_the_malicious_count(a
 
     ctx = make_ctx(two_clients)
     ctx.aggregator = recording_mean
-    algorithm = CountingFedAvg(ctx)
+    algorithm = with_yaml(CountingFedAvg, "algorithm", "fedavg")(ctx)
     algorithm.counts = []
     if expected:
         attack.malicious = frozenset({1})

@@ -47,7 +47,9 @@ def train(exp: Experiment) -> tuple[torch.Tensor, dict]:
     return orch.state.params, {k: v for k, v in last.items() if not k.startswith("time/")}
 
 
-ALGORITHMS = sorted(p.stem for p in (REPO / "conf" / "algorithm").glob("*.yaml"))
+ALGORITHMS = sorted(
+    p.stem for p in (REPO / "conf" / "algorithm").glob("*.yaml") if not p.stem.startswith("_")
+)
 # objectives that draw random numbers inside training_step (Concrete samples): under vmap the
 # draws come from other streams, so only "trains and stays finite" is comparable
 STOCHASTIC = {"waffle"}
