@@ -27,6 +27,7 @@ from fedexp.core.executors import train_local
 from fedexp.core.orchestrator import Orchestrator
 from fedexp.core.seeding import CLIENT, INIT, client_generator, derive_seed, sample_clients
 from fedexp.core.types import ClientResult, ConfigError, RoundContext, ServerState, Weights
+from fedexp.loggers.base import Logger
 from fedexp.metrics.cka import linear_kernel
 from fedexp.models.family import cnn_family
 from fedexp.models.mlp import mlp
@@ -40,7 +41,7 @@ HETERO = ("algorithm=fedhenn", "algorithm.variant=heterogeneous", "model=cnn_fam
 experiment = smoke_experiment  # an in-process run of the real config at smoke size
 
 
-class Capture:
+class Capture(Logger):
     """A logger that keeps every evaluated round's metrics."""
 
     def __init__(self) -> None:
@@ -52,7 +53,7 @@ class Capture:
 
 def run(exp: Experiment, algorithm=None) -> tuple[Orchestrator, Capture]:
     capture = Capture()
-    orch = exp.orchestrator(algorithm, loggers=[capture])
+    orch = exp.orchestrator(algorithm, callbacks=[capture])
     orch.run()
     return orch, capture
 
