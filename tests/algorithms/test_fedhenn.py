@@ -89,10 +89,10 @@ def test_eta0_homogeneous_summary_equals_fedavg_summary(tmp_path):
     # settings are the authors' SGD, so FedAvg is run with them: client=fedhenn)
     avg = experiment(tmp_path / "a", "algorithm=fedavg", "client=fedhenn").run([])
     henn = experiment(tmp_path / "h", "algorithm=fedhenn", "algorithm.eta0=0").run([])
-    for key, value in avg["metrics"].items():
+    for key, value in avg.metrics.items():
         if not key.startswith("time/"):
-            assert henn["metrics"][key] == value, key
-    assert "eval/personal/acc_mean" in henn["metrics"]
+            assert henn.metrics[key] == value, key
+    assert "eval/personal/acc_mean" in henn.metrics
 
 
 def test_rad_is_drawn_from_the_clients_training_inputs(tmp_path):
