@@ -38,8 +38,8 @@ bench: install  ## fedexp vs a plain PyTorch loop on a fixed FedAvg workload
 claims: install  ## the papers' claims on small data, 3 seeds (~20 min); rewrites docs/CLAIMS.md's table
 	OMP_NUM_THREADS=1 $(BIN)/python -m fedexp.claims --jobs $(CLAIMS_JOBS) --update-doc docs/CLAIMS.md
 
-lint: install  ## ruff lint and format check
-	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+lint: install  ## ruff lint and format check; the package's import layers (import-linter)
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/lint-imports --no-cache
 
 format: install  ## ruff fix and format
 	$(BIN)/ruff check --fix . && $(BIN)/ruff format .

@@ -15,18 +15,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from fedexp.core.config import find_conf
 from fedexp.core.summary import RunSummary
 from fedexp.core.types import ConfigError
-
-
-def find_conf() -> str:
-    """conf/ ships inside the wheel (fedexp/conf) and sits at the repo root in a checkout."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "conf", here.parents[1] / "conf"):
-        if (candidate / "config.yaml").exists():
-            return str(candidate)
-    raise FileNotFoundError("fedexp: conf/config.yaml not found next to the package")
-
 
 EXIT_CONFIG, EXIT_DIVERGED = 2, 3
 TABLE_KEYS = (

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 import signal
 import time
 from collections.abc import Sequence
@@ -16,7 +15,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from fedexp.aggregators import check_aggregator
+from fedexp.core.aggregation import check_aggregator
 from fedexp.core.algorithm import Algorithm, BuildContext
 from fedexp.core.audit_callback import AuditCallback
 from fedexp.core.callbacks import Callback, RunInfo, run_end, run_start
@@ -35,7 +34,7 @@ from fedexp.core.signals import Interrupted
 from fedexp.core.summary import Objective, RunSummary, Timing
 from fedexp.core.threads import apply_threads
 from fedexp.core.types import ConfigError, Diverged
-from fedexp.core.validation import validate_config, validate_data
+from fedexp.core.validation import check_objective_name, validate_config, validate_data
 from fedexp.data.federated import FederatedData
 from fedexp.data.partition import partition_dataset
 from fedexp.data.partition_report import write_partition_stats
@@ -88,32 +87,6 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(f"{key}: {problem}")
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device: cuda requested but no CUDA device is available")
-
-
-# every metric name a run can return to a sweeper (`objective`); the eval/ ones exist only for
-# algorithms with that kind of model, the eval/val/ ones only with a validation split
-OBJECTIVE_PATTERNS = (
-    r"train/loss",
-    r"eval/(val/)?global/acc",
-    r"eval/(val/)?global/client_acc_(mean|std|var|min|p10|max)",
-    r"eval/(val/)?personal/acc_(mean|std|var|min|p10|max)",
-    r"eval/group/gap",
-    r"eval/group/[A-Za-z0-9_]+/acc_mean",
-    r"privacy/[A-Za-z0-9_@%.]+",
-    r"comm/(up|down)_bits(_total)?",
-    r"attack/[a-z_]+",
-)
-
-
-def check_objective_name(name) -> None:
-    """`auto` or the name of a metric fedexp reports (checked before anything is built)."""
-    if name == "auto":
-        return
-    if not isinstance(name, str) or not any(re.fullmatch(p, name) for p in OBJECTIVE_PATTERNS):
-        raise ConfigError(
-            f"objective: {name!r} is not a metric fedexp reports; e.g. auto, "
-            "eval/val/global/acc, eval/val/personal/acc_mean, eval/global/acc, train/loss"
-        )
 
 
 def resolve_objective(name: str, algorithm, has_val: bool) -> str:

@@ -9,7 +9,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fedexp.aggregators import malicious_count
 from fedexp.aggregators.multikrum import multikrum
 from fedexp.attacks import NoAttack
 from fedexp.attacks.crafted import (
@@ -26,6 +25,7 @@ from fedexp.attacks.crafted import (
 from fedexp.attacks.label_flip import LabelFlip
 from fedexp.attacks.rank_reversal import RankReversal, reversed_consensus
 from fedexp.attacks.transform import Scaling, SignFlip
+from fedexp.core.aggregation import malicious_count
 from fedexp.core.messages import Ranking, Signs
 from fedexp.core.types import ClientResult, ConfigError, RoundContext, Weights
 

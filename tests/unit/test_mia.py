@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedexp.metrics.mia import attack_accuracy, attack_features, fit_attack
+from fedexp.audit.mia import attack_accuracy, attack_features, fit_attack
 
 DIM, CLASSES, N = 20, 10, 60
 

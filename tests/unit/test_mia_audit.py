@@ -14,9 +14,10 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-import fedexp.metrics.mia as mia
+import fedexp.audit.mia as mia
+from fedexp.audit.mia import rng_devices
 from fedexp.core.types import ConfigError, RoundContext
-from fedexp.metrics.mia import METRICS, rng_devices
+from fedexp.metrics.membership import METRICS
 from fedexp.run import Experiment
 
 REPO = Path(__file__).resolve().parents[2]
@@ -91,7 +92,7 @@ def test_no_metric_where_the_algorithm_rebuilds_no_model(tmp_path, caplog):
     )
     algorithm, audit = exp.algorithm, exp.audits[0]
     state = algorithm.init_state()
-    with caplog.at_level("INFO", logger="fedexp.metrics.mia"):
+    with caplog.at_level("INFO", logger="fedexp.audit.mia"):
         metrics = audit.on_evaluate(SimpleNamespace(algorithm=algorithm, rounds=1), state, 1)
     assert metrics == {}
     assert "rebuilds no model" in caplog.text

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedexp.metrics.mia import METRICS, membership_metrics, mimic_split, tpr_at_fpr
+from fedexp.audit.mia import mimic_split
+from fedexp.metrics.membership import METRICS, membership_metrics, tpr_at_fpr
 
 
 def test_perfectly_separated_scores_are_a_perfect_attack():

@@ -7,13 +7,13 @@ from functools import partial
 import pytest
 import torch
 
-from fedexp.aggregators import check_aggregator, malicious_count
 from fedexp.aggregators.mean import weighted_mean
 from fedexp.aggregators.median import median
 from fedexp.aggregators.multikrum import krum_select, multikrum
 from fedexp.aggregators.rank_vote import rank_vote, reputations
 from fedexp.aggregators.sign_vote import sign_vote
 from fedexp.aggregators.trimmed_mean import trimmed_mean
+from fedexp.core.aggregation import check_aggregator, malicious_count
 from fedexp.core.types import ClientResult, ConfigError, Weights
 
 ONES4 = torch.ones(4)

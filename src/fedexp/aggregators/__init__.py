@@ -2,23 +2,26 @@
 
 Every aggregator also takes `num_malicious`, the round's true number of malicious uploads: the FRL
 paper grants it to the robust baselines, and an aggregator configured with `known` uses it. The
-algorithm passes `num_malicious=malicious_count(results)`; attacks flag the uploads they corrupt.
+algorithm passes `num_malicious=malicious_count(results)` (`fedexp.core.aggregation`); attacks flag
+the uploads they corrupt.
 
 `rank_vote` aggregates FRL rankings; every other aggregator aggregates real vectors. An aggregator
 that accepts rankings carries `accepts = "rankings"`, and may carry `check(**options)` that
-raises `ConfigError` for bad options before training (`check_aggregator`).
+raises `ConfigError` for bad options before training (`fedexp.core.aggregation.check_aggregator`).
+The aggregators know nothing of client results or messages: the adapters between those and
+tensors live in `fedexp.core.aggregation` and in the algorithms.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from fedexp.aggregators.mean import weighted_mean
-from fedexp.core.types import ClientResult, ConfigError
+from fedexp.errors import ConfigError
 
-__all__ = ["weighted_mean", "malicious_count", "check_aggregator", "aggregator_name", "KNOWN"]
+__all__ = ["weighted_mean", "aggregator_name", "KNOWN"]
 
 KNOWN = "known"  # option value: use the round's true number of malicious clients
 log = logging.getLogger(__name__)
@@ -46,43 +49,9 @@ def fixed_count(option: Any, num_clients: int) -> int | None:
     return resolve_count(option, 0, num_clients, "")
 
 
-def malicious_count(results: Sequence[ClientResult]) -> int:
-    """How many of the round's uploads an attack corrupted (it flags them `malicious`)."""
-    return sum(r.malicious for r in results)
-
-
 def aggregator_name(aggregator: Callable) -> str:
     """The function name behind an aggregator partial (`trimmed_mean`, `rank_vote`, ...)."""
     return getattr(getattr(aggregator, "func", aggregator), "__name__", type(aggregator).__name__)
-
-
-def _options(aggregator: Callable) -> dict[str, Any]:
-    return dict(getattr(aggregator, "keywords", {}) or {})
-
-
-def check_aggregator(aggregator: Callable, algorithm: Any) -> None:
-    """Raise ConfigError when the aggregator cannot take what the algorithm uploads, or when its
-    options are bad. `algorithm.upload_type` is the Message class clients upload (None: unknown)."""
-    from fedexp.core.messages import Ranking
-
-    fn = getattr(aggregator, "func", aggregator)
-    name = aggregator_name(aggregator)
-    takes_rankings = getattr(fn, "accepts", "vectors") == "rankings"
-    upload = getattr(algorithm, "upload_type", None)
-    algo = type(algorithm).__name__
-    if upload is Ranking and not takes_rankings:
-        raise ConfigError(
-            f"aggregator: {algo} uploads rankings and needs aggregator=rank_vote, got {name}"
-        )
-    if takes_rankings and upload is not Ranking:
-        raise ConfigError(
-            f"aggregator: {name} aggregates FRL rankings; {algo} uploads "
-            f"{getattr(upload, '__name__', 'vectors')} (use mean, trimmed_mean, median, "
-            "multikrum or sign_vote)"
-        )
-    check = getattr(fn, "check", None)
-    if check is not None:
-        check(**_options(aggregator))
 
 
 def resolve_count(option: Any, num_malicious: int, num_clients: int, key: str) -> int:

@@ -21,7 +21,7 @@ from fedexp.aggregators import (
     round_size,
     warn_once,
 )
-from fedexp.core.types import ConfigError
+from fedexp.errors import ConfigError
 
 
 def pairwise_sq_distances(updates: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ from fedexp.aggregators import (
     round_size,
     warn_once,
 )
-from fedexp.core.types import ConfigError
+from fedexp.errors import ConfigError
 
 
 def trimmed_mean(

@@ -41,7 +41,8 @@ from fedexp.algorithms.fedhenn_alignment import (
 )
 from fedexp.core.algorithm import Algorithm, BuildContext, flat_params, load_flat
 from fedexp.core.client import ClientModule
-from fedexp.core.seeding import INIT, derive_seed
+from fedexp.core.config import default_family as family_factory
+from fedexp.core.seeding import INIT, client_arch, derive_seed
 from fedexp.core.types import (
     ClientResult,
     ConfigError,
@@ -51,8 +52,7 @@ from fedexp.core.types import (
     ServerState,
     Weights,
 )
-from fedexp.models.family import client_arch, family_size
-from fedexp.models.family import default_family as family_factory
+from fedexp.models.family import family_size
 
 
 def fedhenn(

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-from fedexp.aggregators import malicious_count
+from fedexp.core.aggregation import malicious_count
 from fedexp.core.algorithm import Algorithm, BuildContext
 from fedexp.core.client import ClientModule
 from fedexp.core.messages import Ranking

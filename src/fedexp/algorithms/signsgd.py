@@ -13,8 +13,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from fedexp.aggregators import malicious_count
 from fedexp.algorithms.fedavg import FedAvg
+from fedexp.core.aggregation import malicious_count
 from fedexp.core.algorithm import BuildContext, flat_params, load_flat
 from fedexp.core.client import ClientModule
 from fedexp.core.messages import Signs

@@ -5,7 +5,7 @@ seed. Data poisoning returns a poisoned view of the data (`wrap_data`, called by
 model poisoning rewrites the uploads of the round's malicious clients after local training
 (`apply`), where they have trained benignly on their own data. Corrupted uploads are flagged
 (`ClientResult.malicious`) so that an aggregator may be told the round's true malicious count
-(`fedexp.aggregators.malicious_count`). `round_metrics` reports `attack/*` every round.
+(`fedexp.core.aggregation.malicious_count`). `round_metrics` reports `attack/*` every round.
 
 `targets` names the upload types (Message classes) an attack can corrupt; `check_target` raises
 ConfigError before training when the algorithm uploads something else.
@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from fedexp.aggregators import malicious_count
+from fedexp.core.aggregation import malicious_count
 from fedexp.core.seeding import derive_seed
 from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import functools
 import inspect
 import re
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from hydra.utils import get_object
@@ -19,6 +21,15 @@ from omegaconf import DictConfig, OmegaConf
 from fedexp.core.types import ConfigError
 
 _UNEXPECTED = re.compile(r"unexpected keyword argument '([^']+)'")
+
+
+def find_conf() -> str:
+    """conf/ ships inside the wheel (fedexp/conf) and sits at the repo root in a checkout."""
+    package = Path(__file__).resolve().parents[1]
+    for candidate in (package / "conf", package.parents[1] / "conf"):
+        if (candidate / "config.yaml").exists():
+            return str(candidate)
+    raise FileNotFoundError("fedexp: conf/config.yaml not found next to the package")
 
 
 def build(node: DictConfig | dict, name: str | None = None, **runtime: Any) -> Any:
@@ -55,6 +66,21 @@ def build(node: DictConfig | dict, name: str | None = None, **runtime: Any) -> A
         if found is None or found.group(1) not in params:
             raise
         raise _not_an_option(group, found.group(1), target_name, options, runtime) from None
+
+
+def default_family(name: str, data_args: dict) -> Callable:
+    """The model family `conf/model/<name>.yaml`, built and bound to the data's model arguments.
+
+    Lets a heterogeneous algorithm run on the defaults when the chosen model is one architecture.
+    `auto`: `lstm_family` when the data are token sequences (the dataset gives `vocab_size`),
+    else `cnn_family`.
+    """
+    if name == "auto":
+        name = "lstm_family" if "vocab_size" in data_args else "cnn_family"
+    path = Path(find_conf()) / "model" / f"{name}.yaml"
+    if not path.exists():
+        raise ConfigError(f"algorithm.default_family: no model config {name!r}")
+    return build(OmegaConf.load(path), **data_args)
 
 
 def accepted_options(target: Any) -> tuple[set[str], bool]:

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from fedexp.core.types import FLOAT_BITS, Message
-from fedexp.metrics.comm import index_bits, permutation_bits
+from fedexp.core.types import Message
+from fedexp.metrics.comm import FLOAT_BITS, index_bits, permutation_bits
 
 
 @dataclass(frozen=True)

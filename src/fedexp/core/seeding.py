@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 SAMPLING, CLIENT, INIT = 1, 2, 3
+ARCH_STREAM = 43  # derive_seed tag of the per-client architecture draw (model families)
 
 
 def derive_seed(*keys: int) -> int:
@@ -17,6 +18,12 @@ def sample_clients(seed: int, round_idx: int, num_clients: int, per_round: int) 
     """The round's cohort, a function of (seed, round) alone, in ascending id order."""
     rng = np.random.default_rng(derive_seed(seed, SAMPLING, round_idx))
     return tuple(int(c) for c in np.sort(rng.choice(num_clients, per_round, replace=False)))
+
+
+def client_arch(seed: int, client_id: int, num_archs: int) -> int:
+    """The client's architecture in a model family, uniform over it, fixed at its creation."""
+    rng = np.random.default_rng(derive_seed(seed, ARCH_STREAM, client_id))
+    return int(rng.integers(num_archs))
 
 
 def client_generator(seed: int, round_idx: int, client_id: int) -> torch.Generator:

@@ -8,11 +8,9 @@ from typing import Any
 
 import torch
 
-FLOAT_BITS = 32
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot run; the message is one line naming the key."""
+# re-exported: the error and the float width live in the layers below core
+from fedexp.errors import ConfigError  # noqa: F401
+from fedexp.metrics.comm import FLOAT_BITS
 
 
 class Diverged(RuntimeError):

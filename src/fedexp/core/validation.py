@@ -5,8 +5,9 @@ checks, so adding a component never means editing this file:
 
 - On a component's `_target_` (an algorithm, attack or executor class, a model factory, a dataset
   loader, an aggregator), define `check_config(cfg)` (a classmethod or staticmethod on a class;
-  `@with_checks(config=...)` on a function). It runs before anything is built, with the whole
-  config, so it can look at the other components (`target(cfg, "aggregator")`).
+  `@with_checks(config=...)` on a function, from `fedexp.errors`). It runs before anything is
+  built, with the whole config, so it can look at the other components
+  (`target(cfg, "aggregator")`).
 - `check_data(cfg, data)` works the same way and runs once the data is loaded and partitioned,
   before the model and algorithm are built, for checks that need data facts (input shape, number
   of classes, client ids).
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import operator
 import os
+import re
 import types
 import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -38,7 +40,7 @@ from typing import Any, Literal, Union
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
-from fedexp.core.types import ConfigError
+from fedexp.errors import ConfigError, with_checks  # noqa: F401 - with_checks is part of this API
 
 ConfigCheck = Callable[[DictConfig], None]
 DataCheck = Callable[[DictConfig, Any], None]
@@ -57,19 +59,6 @@ def data_rule(fn: DataCheck) -> DataCheck:
     """Register a check `fn(cfg, data)` that runs once the data is loaded and partitioned."""
     DATA_RULES.append(fn)
     return fn
-
-
-def with_checks(config: ConfigCheck | None = None, data: DataCheck | None = None):
-    """Attach `check_config` / `check_data` to a function component (model factory, loader)."""
-
-    def attach(obj):
-        if config is not None:
-            obj.check_config = config
-        if data is not None:
-            obj.check_data = data
-        return obj
-
-    return attach
 
 
 def target(cfg: DictConfig, key: str) -> Any | None:
@@ -261,10 +250,34 @@ def resume_is_given_alone(cfg: DictConfig) -> None:
         )
 
 
+# every metric name a run can return to a sweeper (`objective`); the eval/ ones exist only for
+# algorithms with that kind of model, the eval/val/ ones only with a validation split
+OBJECTIVE_PATTERNS = (
+    r"train/loss",
+    r"eval/(val/)?global/acc",
+    r"eval/(val/)?global/client_acc_(mean|std|var|min|p10|max)",
+    r"eval/(val/)?personal/acc_(mean|std|var|min|p10|max)",
+    r"eval/group/gap",
+    r"eval/group/[A-Za-z0-9_]+/acc_mean",
+    r"privacy/[A-Za-z0-9_@%.]+",
+    r"comm/(up|down)_bits(_total)?",
+    r"attack/[a-z_]+",
+)
+
+
+def check_objective_name(name) -> None:
+    """`auto` or the name of a metric fedexp reports (checked before anything is built)."""
+    if name == "auto":
+        return
+    if not isinstance(name, str) or not any(re.fullmatch(p, name) for p in OBJECTIVE_PATTERNS):
+        raise ConfigError(
+            f"objective: {name!r} is not a metric fedexp reports; e.g. auto, "
+            "eval/val/global/acc, eval/val/personal/acc_mean, eval/global/acc, train/loss"
+        )
+
+
 @config_rule
 def objective_is_a_metric_name(cfg: DictConfig) -> None:
-    from fedexp.run import check_objective_name
-
     check_objective_name(cfg.get("objective", "auto"))
 
 

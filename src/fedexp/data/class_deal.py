@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedexp.core.types import ConfigError
+from fedexp.errors import ConfigError
 
 
 def deal_classes(

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedexp.core.types import ConfigError
 from fedexp.data.files import check_labels, data_error, read_cifar_batch, read_idx
+from fedexp.errors import ConfigError
 
 
 @dataclass

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from fedexp.core.types import ConfigError
+from fedexp.errors import ConfigError
 
 
 def data_error(where: Path | str, problem: str) -> ConfigError:

@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedexp.core.types import ConfigError
 from fedexp.data.datasets import Dataset
 from fedexp.data.files import check_labels, data_error, one_line
+from fedexp.errors import ConfigError
 
 FEMNIST_CLASSES = 62  # 10 digits, 26 upper-case, 26 lower-case letters (LEAF's label order)
 FEMNIST_HF_REPO = "flwrlabs/femnist"

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
-from fedexp.core.types import ConfigError
 from fedexp.data.class_deal import blind_shards, deal_classes
 from fedexp.data.partition_cache import digest as _digest
 from fedexp.data.partition_cache import load as _load
 from fedexp.data.partition_cache import save as _save
+from fedexp.errors import ConfigError
 
 # bump when a scheme's output for the same inputs changes: older cached partitions are not reused
 PARTITION_VERSION = 2

@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedexp.core.types import ConfigError
 from fedexp.data.datasets import Dataset
 from fedexp.data.leaf import leaf_files, owner_ids, read_leaf_json
+from fedexp.errors import ConfigError
 
 PAD, UNK = 0, 1
 SENT140_CLASSES = 2  # negative (polarity 0), positive (polarity 4)

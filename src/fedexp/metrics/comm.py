@@ -11,7 +11,7 @@ here are the wire formats those sizes assume:
 
 from __future__ import annotations
 
-from fedexp.core.types import FLOAT_BITS
+FLOAT_BITS = 32  # bits of one float on the wire
 
 __all__ = ["FLOAT_BITS", "index_bits", "permutation_bits"]
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fedexp.core.types import ConfigError
-from fedexp.core.validation import with_checks
+from fedexp.errors import ConfigError, with_checks
 from fedexp.models.mlp import BodyHead
 
 

@@ -1,24 +1,23 @@
 """Model families: several architectures behind one factory, chosen per client by `arch`.
 
 A family factory takes `(input_shape, num_classes, arch=i, num_archs=N, ...)`; its YAML carries
-`num_archs`, which is how an algorithm recognises a family (see `family_size`).
+`num_archs`, which is how an algorithm recognises a family (see `family_size`). Which client gets
+which architecture is drawn by `fedexp.core.seeding.client_arch`; a family named by its config
+(`algorithm.default_family`) is built by `fedexp.core.config.default_family`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 from torch import nn
 
-from fedexp.core.seeding import derive_seed
-from fedexp.core.types import ConfigError
+from fedexp.errors import ConfigError
 from fedexp.models.mlp import BodyHead
 
 # (conv layers, fully connected layers including the head), smallest to largest (FedHeNN, Sec. 5)
 CNN_FAMILY_LAYOUTS = ((1, 1), (1, 2), (2, 2), (2, 3), (3, 3))
-ARCH_STREAM = 43  # derive_seed tag of the per-client architecture draw
 
 
 def family_size(factory: Callable) -> int | None:
@@ -26,32 +25,6 @@ def family_size(factory: Callable) -> int | None:
     keywords = getattr(factory, "keywords", None) or {}
     size = keywords.get("num_archs")
     return None if size is None else int(size)
-
-
-def client_arch(seed: int, client_id: int, num_archs: int) -> int:
-    """The client's architecture, uniform over the family, fixed at its creation."""
-    rng = np.random.default_rng(derive_seed(seed, ARCH_STREAM, client_id))
-    return int(rng.integers(num_archs))
-
-
-def default_family(name: str, data_args: dict) -> Callable:
-    """The family `conf/model/<name>.yaml`, bound to the data's model arguments.
-
-    Lets a heterogeneous algorithm run on the defaults when the chosen model is one architecture.
-    `auto`: `lstm_family` when the data are token sequences (the dataset gives `vocab_size`),
-    else `cnn_family`.
-    """
-    from omegaconf import OmegaConf
-
-    from fedexp.__main__ import find_conf
-    from fedexp.core.config import build
-
-    if name == "auto":
-        name = "lstm_family" if "vocab_size" in data_args else "cnn_family"
-    path = Path(find_conf()) / "model" / f"{name}.yaml"
-    if not path.exists():
-        raise ConfigError(f"algorithm.default_family: no model config {name!r}")
-    return build(OmegaConf.load(path), **data_args)
 
 
 def family_layouts(num_archs: int, layouts: tuple = CNN_FAMILY_LAYOUTS) -> list:

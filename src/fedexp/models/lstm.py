@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedexp.core.types import ConfigError
+from fedexp.errors import ConfigError
 from fedexp.models.mlp import BodyHead
 
 PAD = 0

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedexp.core.types import ConfigError
+from fedexp.errors import ConfigError
 
 WEIGHT_INITS = ("signed_constant", "kaiming_normal", "kaiming_uniform")
 RANK_KEYS = ("abs", "signed")

@@ -16,7 +16,7 @@ pool` draws one set of shadows from the pool's own mix for all targets. An attac
 in/out from the shadows' output vectors; its membership probability is the score of each of m of
 the client's training samples (members) and m of its local test split (non-members).
 
-Metrics, each the mean over the audited targets:
+Metrics (`fedexp.metrics.membership`), each the mean over the audited targets:
   `privacy/mia_acc`: accuracy of "member iff score > 0.5" on the balanced set (0.5 = chance).
   `privacy/mia_auc`: ROC AUC of the scores (0.5 = chance; ties count half).
   `privacy/mia_tpr@1%fpr`, `privacy/mia_tpr@0.1%fpr`: TPR at a low FPR (Carlini et al., S&P 2022),
@@ -47,14 +47,13 @@ from fedexp.core.algorithm import Algorithm
 from fedexp.core.executors import train_local
 from fedexp.core.seeding import client_generator, derive_seed, seed_global_rng
 from fedexp.core.types import ConfigError, Message, RoundContext
+from fedexp.metrics.membership import METRICS, membership_metrics
 
 log = logging.getLogger(__name__)
 
 MIA_STREAM = 17  # seed-derivation tag of the audit's own randomness
 ATTACK_MODELS = ("gbdt", "logistic")
 SHADOW_DATA = ("target", "pool")
-LOW_FPRS = {"privacy/mia_tpr@1%fpr": 0.01, "privacy/mia_tpr@0.1%fpr": 0.001}
-METRICS = ("privacy/mia_acc", "privacy/mia_auc", *LOW_FPRS)
 
 
 @torch.no_grad()
@@ -87,38 +86,6 @@ def fit_attack(members: np.ndarray, non_members: np.ndarray, kind: str, seed: in
 def membership_scores(attack, features: np.ndarray) -> np.ndarray:
     """The attack's membership probability P(member | features), one per row."""
     return attack.predict_proba(features)[:, list(attack.classes_).index(1.0)]
-
-
-def tpr_at_fpr(labels: np.ndarray, scores: np.ndarray, max_fpr: float) -> float:
-    """The largest TPR among the ROC curve's points with FPR <= `max_fpr` (no interpolation up:
-    a target below the curve's first FPR step gives the TPR at FPR 0)."""
-    from sklearn.metrics import roc_curve
-
-    fpr, tpr, _ = roc_curve(labels, scores, drop_intermediate=False)
-    return float(tpr[fpr <= max_fpr].max())  # (0, 0) is always on the curve
-
-
-def membership_metrics(members: np.ndarray, non_members: np.ndarray) -> dict[str, float]:
-    """Accuracy (threshold 0.5), ROC AUC and TPR at 1% / 0.1% FPR of membership scores.
-
-    Args:
-        members: scores of samples the model was trained on.
-        non_members: scores of samples it was not; the same count as `members` for the accuracy
-            to read as balanced (0.5 = chance).
-    """
-    from sklearn.metrics import roc_auc_score
-
-    if len(members) == 0 or len(non_members) == 0:
-        raise ValueError("membership metrics need at least one member and one non-member")
-    labels = np.r_[np.ones(len(members)), np.zeros(len(non_members))]
-    scores = np.r_[members, non_members].astype(float)
-    hits = (members > 0.5).sum() + (non_members <= 0.5).sum()
-    out = {
-        "privacy/mia_acc": float(hits / len(scores)),
-        "privacy/mia_auc": float(roc_auc_score(labels, scores)),
-    }
-    out.update({key: tpr_at_fpr(labels, scores, fpr) for key, fpr in LOW_FPRS.items()})
-    return out
 
 
 def attack_accuracy(attack, members: np.ndarray, non_members: np.ndarray) -> float:

@@ -1,0 +1,5 @@
+"""Audits: callbacks that observe a run from outside and report what an adversary learns.
+
+An audit may drive the algorithm (local training, rebuilding uploads) but never changes the run it
+observes. `mia.MembershipInferenceAudit` is the `privacy=mia` group.
+"""
