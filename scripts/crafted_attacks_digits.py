@@ -58,9 +58,9 @@ def accuracy(out: Path, sweep: str, **choice: str) -> str:
     """'mean ± std' of the final global accuracy of the runs of `sweep` matching `choice`."""
     values = []
     for run in find_runs([out / sweep]):
-        cfg = run.summary["config"]
+        cfg = run.summary.config
         if all(str(cfg[k]["_target_"]).rsplit(".", 1)[-1] == v for k, v in choice.items()):
-            values.append(run.summary["metrics"]["eval/global/acc"])
+            values.append(run.summary.metrics["eval/global/acc"])
     mean, std = mean_std(values)
     return f"{mean:.3f} ± {std:.3f}"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import shutil
@@ -15,6 +16,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from fedexp.core.config import find_conf
+from fedexp.core.summary import RunSummary
 from fedexp.core.types import ConfigError
 
 EXIT_CONFIG, EXIT_DIVERGED = 2, 3
@@ -36,44 +38,25 @@ TABLE_KEYS = (
 )
 
 
-def print_table(summary: dict, choices: dict) -> None:
+def print_table(summary: RunSummary, choices: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    title = (
-        f"{choices.get('algorithm', '?')} on {choices.get('dataset', '?')} — {summary['status']}"
-    )
+    title = f"{choices.get('algorithm', '?')} on {choices.get('dataset', '?')} — {summary.status}"
     table = Table(title=title)
     table.add_column("metric")
     table.add_column("value", justify="right")
-    metrics = summary["metrics"]
+    metrics = summary.metrics
     for key in TABLE_KEYS:
         if key in metrics and metrics[key] is not None:
             v = metrics[key]
             table.add_row(key, f"{v:.4f}" if isinstance(v, float) else f"{v:,}")
-    objective = summary.get("objective") or {}
-    if objective.get("value") is not None:
-        table.add_row(f"objective: {objective['name']}", f"{objective['value']:.4f}")
-    table.add_row("rounds", str(summary["rounds_completed"]))
-    table.add_row("wall time (s)", f"{summary['timing']['wall_time_s']:.1f}")
+    objective = summary.objective
+    if objective is not None and objective.value is not None:
+        table.add_row(f"objective: {objective.name}", f"{objective.value:.4f}")
+    table.add_row("rounds", str(summary.rounds_completed))
+    table.add_row("wall time (s)", f"{summary.timing.wall_time_s:.1f}")
     Console().print(table)
-
-
-def _progress(total: int):
-    """A per-round progress line when a person is watching; nothing under tests or pipes."""
-    if not sys.stdout.isatty():
-        return None, None
-    from rich.progress import Progress
-
-    bar = Progress(transient=True)
-    task = bar.add_task("rounds", total=total)
-
-    def on_round(t: int, metrics: dict) -> None:
-        acc = metrics.get("eval/global/acc", metrics.get("eval/personal/acc_mean"))
-        desc = f"round {t}" + (f"  acc {acc:.3f}" if acc is not None else "")
-        bar.update(task, completed=t, description=desc)
-
-    return bar, on_round
 
 
 @hydra.main(version_base="1.3", config_path=find_conf(), config_name="config")
@@ -141,40 +124,34 @@ def _execute(
             discard(run_dir)  # nothing half-written; a dir that existed keeps its old entries
         sys.exit(EXIT_CONFIG)
     from fedexp.core.distributed import is_output_rank
+    from fedexp.loggers.progress import ProgressBar
 
     output_rank = is_output_rank()  # under torchrun only rank 0 logs and prints
     loggers = loggers if output_rank else []
-    name = f"{choices.get('algorithm')}-{choices.get('dataset')}-s{cfg.seed}"
-    for logger in loggers:
-        experiment.restore_logger(logger)  # on resume: W&B continues the same run id
-        logger.start(OmegaConf.to_container(cfg, resolve=True), name, group)
-    bar, on_round = _progress(cfg.rounds) if cfg.progress else (None, None)
-    if bar is not None:
-        with bar:
-            summary = experiment.run(loggers, on_round, choices)
-    else:
-        summary = experiment.run(loggers, None, choices)
+    bar = ProgressBar.when_watched(cfg.rounds, bool(cfg.progress))
+    with bar or contextlib.nullcontext():
+        loggers += [bar] if bar is not None else []
+        summary = experiment.run(loggers, choices=choices, group=group)
     if output_rank:
         print_table(summary, choices)
         print(f"run dir: {run_dir}")
-    if summary["status"] == "interrupted":
+    if summary.status == "interrupted":
         print(
-            f"fedexp: stopped after round {summary['rounds_completed']}; continue with: "
+            f"fedexp: stopped after round {summary.rounds_completed}; continue with: "
             f"python -m fedexp resume={run_dir}",
             file=sys.stderr,
         )
-        sys.exit(128 + signal.Signals[summary["stop_signal"]].value)
-    if summary["status"] == "diverged":
-        print(f"fedexp: run diverged at round {summary['diverged_round']}", file=sys.stderr)
+        sys.exit(128 + signal.Signals[summary.stop_signal].value)
+    if summary.status == "diverged":
+        print(f"fedexp: run diverged at round {summary.diverged_round}", file=sys.stderr)
         if not multirun:
             sys.exit(EXIT_DIVERGED)
         return None  # a sweeper records a failed trial and goes on with the other jobs
-    objective = summary["objective"]["value"]
-    if objective is None:
+    if summary.objective.value is None:
         logging.getLogger(__name__).warning(
-            "objective %s is not among the final metrics", summary["objective"]["name"]
+            "objective %s is not among the final metrics", summary.objective.name
         )
-    return objective
+    return summary.objective.value
 
 
 def record_config_error(err: ConfigError, cfg: DictConfig, run_dir: Path, choices: dict) -> None:
@@ -187,14 +164,7 @@ def record_config_error(err: ConfigError, cfg: DictConfig, run_dir: Path, choice
     except Exception:  # the refusal may be about a value that does not resolve
         config = OmegaConf.to_container(cfg, resolve=False)
     RunRecorder(run_dir).write_summary(
-        {
-            "status": "config_error",
-            "error": str(err),
-            "rounds_completed": 0,
-            "metrics": {},
-            "choices": choices,
-            "config": config,
-        }
+        RunSummary("config_error", error=str(err), choices=choices, config=config)
     )
 
 
@@ -224,7 +194,7 @@ def _detach_file_logs(run_dir: Path) -> None:
 
 def resume_main(args: list[str]) -> None:
     """`python -m fedexp resume=<run dir> [device=... progress=... checkpoint_every=...]`."""
-    from fedexp.core.checkpoint import load_run_config
+    from fedexp.core.resume import load_run_config
     from fedexp.core.run_dir import claim, refuse
 
     run_dir, overrides = None, []

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from fedexp.core.summary import RunSummary
+
 # config keys that never explain a difference in results (or are the seeds being averaged)
 IGNORED = ("seed", "paths", "progress", "device", "resume", "checkpoint_every", "logger")
 IGNORED += ("objective", "hparams_search")
@@ -60,12 +62,12 @@ MIA = {
 @dataclass
 class Run:
     path: Path
-    summary: dict
+    summary: RunSummary
     rows: list[dict] = field(default_factory=list)
 
     @property
     def completed(self) -> bool:
-        return self.summary.get("status") == "completed"
+        return self.summary.completed
 
     def series(self, metric: str) -> dict[int, float]:
         """round -> value of `metric` in metrics.jsonl (rounds where it was logged)."""
@@ -85,8 +87,8 @@ def find_runs(paths: Sequence[str | Path]) -> list[Run]:
                 continue
             seen.add(summary_path.resolve())
             try:
-                summary = json.loads(summary_path.read_text())
-            except (OSError, json.JSONDecodeError) as err:
+                summary = RunSummary.from_dict(json.loads(summary_path.read_text()))
+            except (OSError, ValueError) as err:  # JSONDecodeError is a ValueError
                 print(f"fedexp.report: skipping {summary_path} ({err})", file=sys.stderr)
                 continue
             rows = []
@@ -121,12 +123,12 @@ def grouping_keys(runs: list[Run]) -> list[str]:
     A key under a varying choice (algorithm.mu when algorithm varies) is explained by the
     choice and left out; so is every key when a _global_ preset (experiment) varies.
     """
-    choices = [r.summary.get("choices") or {} for r in runs]
+    choices = [r.summary.choices for r in runs]
     names = sorted({k for c in choices for k in c} - set(IGNORED))
     varying_choices = [k for k in names if _varies([c.get(k) for c in choices])]
     if any(g in varying_choices for g in GLOBAL_GROUPS):
         return [f"choice:{k}" for k in varying_choices]
-    flat = [flatten(r.summary.get("config") or {}) for r in runs]
+    flat = [flatten(dict(r.summary.config)) for r in runs]
     keys = sorted({k for f in flat for k in f})
     varying = [
         k
@@ -140,13 +142,13 @@ def grouping_keys(runs: list[Run]) -> list[str]:
 
 def label(run: Run, keys: list[str]) -> str:
     if not keys:
-        return str((run.summary.get("choices") or {}).get("algorithm") or "runs")
-    flat = flatten(run.summary.get("config") or {})
+        return str(run.summary.choices.get("algorithm") or "runs")
+    flat = flatten(dict(run.summary.config))
     parts = []
     for key in keys:
         if key.startswith("choice:"):
             name = key.removeprefix("choice:")
-            parts.append(f"{name}={(run.summary.get('choices') or {}).get(name)}")
+            parts.append(f"{name}={run.summary.choices.get(name)}")
         else:
             parts.append(f"{key}={flat.get(key)}")
     return ", ".join(parts)
@@ -182,7 +184,7 @@ def curve(runs: list[Run], metric: str) -> tuple[np.ndarray, np.ndarray, np.ndar
 
 def final_metrics(groups: dict[str, list[Run]]) -> list[str]:
     """The final-table columns: FINAL metrics and per-group accuracies any run reports."""
-    present = {k for runs in groups.values() for r in runs for k in r.summary.get("metrics", {})}
+    present = {k for runs in groups.values() for r in runs for k in r.summary.metrics}
     per_group = sorted(
         k for k in present if k.startswith("eval/group/") and k.endswith("/acc_mean")
     )
@@ -201,20 +203,20 @@ def final_table(groups: dict[str, list[Run]]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, runs in groups.items():
         done = [r for r in runs if r.completed]  # diverged/interrupted runs are counted only
-        other = [r.summary.get("status", "?") for r in runs if not r.completed]
+        other = [r.summary.status for r in runs if not r.completed]
         count = f"{len(done)}" + (
             f" (+{len(other)} {', '.join(sorted(set(other)))})" if other else ""
         )
         cells = [
             name,
             count,
-            fmt(*mean_std([r.summary.get("rounds_completed") for r in done]), digits=0),
+            fmt(*mean_std([r.summary.rounds_completed for r in done]), digits=0),
         ]
         for metric in metrics:
-            cells.append(fmt(*mean_std([r.summary["metrics"].get(metric) for r in done])))
+            cells.append(fmt(*mean_std([r.summary.metrics.get(metric) for r in done])))
         comm = [
-            (r.summary["metrics"].get("comm/up_bits_total") or 0)
-            + (r.summary["metrics"].get("comm/down_bits_total") or 0)
+            (r.summary.metrics.get("comm/up_bits_total") or 0)
+            + (r.summary.metrics.get("comm/down_bits_total") or 0)
             for r in done
         ]
         cells.append(fmt(*mean_std(comm), scale=1 / 8e6, digits=2))
@@ -301,7 +303,7 @@ def plot_client_boxes(groups, path: Path) -> bool:
     kinds = [
         k
         for k in ("personal", "global")
-        if any(r.summary.get("client_acc", {}).get(k) for g in groups.values() for r in g)
+        if any(r.summary.client_acc.get(k) for g in groups.values() for r in g)
     ]
     if not kinds:
         return False
@@ -312,12 +314,7 @@ def plot_client_boxes(groups, path: Path) -> bool:
     for ax, kind in zip(axes[0], kinds):
         names, data = [], []
         for name, runs in groups.items():
-            values = [
-                a
-                for r in runs
-                if r.completed
-                for a in r.summary.get("client_acc", {}).get(kind, [])
-            ]
+            values = [a for r in runs if r.completed for a in r.summary.client_acc.get(kind, [])]
             if values:
                 names.append(name)
                 data.append(values)
@@ -332,7 +329,7 @@ def plot_mia(groups, path: Path) -> bool:
     """One panel per MIA metric: each group's final value over its completed seeds as a point
     with a mean ± std error bar; a dashed line at chance. False if no run has one."""
     finals = {
-        m: [[r.summary["metrics"].get(m) for r in g if r.completed] for g in groups.values()]
+        m: [[r.summary.metrics.get(m) for r in g if r.completed] for g in groups.values()]
         for m in MIA
     }
     present = [
@@ -388,7 +385,7 @@ def write_report(paths: Sequence[str | Path], out: str | Path) -> Path:
             md += [f"## {title}", "", f"![{title}]({filename})", ""]
     md += ["## Runs", "", "| group | status | run dir |", "|---|---|---|"]
     for name, group in groups.items():
-        md += [f"| {name} | {r.summary.get('status')} | `{r.path}` |" for r in group]
+        md += [f"| {name} | {r.summary.status} | `{r.path}` |" for r in group]
     report = out / "report.md"
     report.write_text("\n".join(md) + "\n")
     return report

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -16,28 +18,28 @@ from omegaconf import DictConfig, OmegaConf
 
 from fedexp.core.aggregation import check_aggregator
 from fedexp.core.algorithm import Algorithm, BuildContext
+from fedexp.core.audit_callback import AuditCallback
+from fedexp.core.callbacks import Callback, RunInfo, run_end, run_start
 from fedexp.core.checkpoint import (
     CHECKPOINT_FILE,
-    Checkpointer,
-    Interrupted,
     check_resumed_data,
     config_hash,
     load_checkpoint,
-    restore_logger,
-    truncate_metric_logs,
 )
 from fedexp.core.client import OPTIMIZERS
 from fedexp.core.client_store import ClientStore
 from fedexp.core.config import build
 from fedexp.core.local import ClientConfig
 from fedexp.core.orchestrator import Orchestrator
+from fedexp.core.resume import Checkpointer
+from fedexp.core.signals import Interrupted
+from fedexp.core.summary import Objective, RunSummary, Timing
 from fedexp.core.threads import apply_threads
 from fedexp.core.types import ConfigError, Diverged
 from fedexp.core.user_module import factory_arguments
 from fedexp.core.validation import check_objective_name, target, validate_config, validate_data
 from fedexp.data.federated import FederatedData
-from fedexp.data.partition import class_counts
-from fedexp.data.partition_report import plot_label_distribution
+from fedexp.data.partition_report import write_partition_stats
 from fedexp.data.server_pool import ServerDataRequest, reserve_server_pool
 from fedexp.loggers.files import RunRecorder
 
@@ -194,170 +196,196 @@ def partition_coverage(dataset, partition) -> dict[str, Any]:
     }
 
 
-class Experiment:
-    """Everything one run needs, built and checked before the first round.
+@dataclass
+class Components:
+    """Everything one run needs, built and checked before the first round (`build_components`).
 
-    With `resume=True` the run dir's checkpoint is loaded and checked here (a bad one is a
-    ConfigError before anything is built) and `run` continues from it.
+    `callbacks` are the run callbacks that belong to the experiment (the audits' adapters, and
+    any added); their state goes into checkpoints with the attack's and the executor's.
     """
 
+    cfg: DictConfig
+    run_dir: Path
+    device: torch.device
+    threads: int  # torch CPU threads
+    client: ClientConfig  # the clients' local training settings (`client.*`)
+    data: FederatedData
+    store: ClientStore
+    algorithm: Any
+    objective: str  # the metric a sweeper is returned (`objective`, resolved)
+    attack: Any
+    executor: Any
+    audits: list = field(default_factory=list)  # what `privacy=` builds, as built
+    callbacks: list[Callback] = field(default_factory=list)
+    checkpoint: dict | None = None  # the checkpoint a resumed run continues from
+
+
+def build_components(cfg: DictConfig, run_dir: str | Path, resume: bool = False) -> Components:
+    """Validate `cfg` and build every component; with `resume=True` the run dir's checkpoint is
+    loaded and checked first (a bad one is a ConfigError before anything is built)."""
+    validate(cfg)
+    validate_config(cfg)  # cross-component checks declared by the components themselves
+    # the one typed route of `client.*` to the algorithm, its modules, executor and audits
+    client = ClientConfig.from_mapping(OmegaConf.to_container(cfg.client, resolve=True))
+    run_dir = Path(run_dir)
+    device = resolve_device(cfg.device)
+    threads, why = apply_threads(cfg.get("threads", "auto"), device)
+    log.info("threads: %d (%s)", threads, why)
+    checkpoint = (
+        load_checkpoint(run_dir / CHECKPOINT_FILE, config_hash(cfg), device) if resume else None
+    )
+    torch.manual_seed(cfg.seed)
+    data = build_data(cfg, device)
+    check_resumed_data(checkpoint, data)  # the same data as the checkpoint's
+    validate_data(cfg, data)  # checks that need data facts (input shape, classes)
+    factory = build(cfg.model, "model")
+    # a model factory takes (input_shape, num_classes, **dataset.model_kwargs); a model
+    # *family* (heterogeneous clients) also takes `arch` in range(model.num_archs)
+    model_args = dict(
+        input_shape=data.input_shape, num_classes=data.num_classes, **data.dataset.model_kwargs
+    )
+    # a LightningModule of the user's gets the arguments its __init__ names (maybe none)
+    model_factory = partial(factory, **factory_arguments(factory, model_args))
+    store = ClientStore(**OmegaConf.to_container(cfg.get("client_store") or {}))
+    ctx = BuildContext(
+        model_factory=model_factory,
+        client=client,
+        aggregator=build(cfg.aggregator, "aggregator"),
+        data=data,
+        device=device,
+        seed=cfg.seed,
+        store=store,
+        model_args=model_args,
+    )
+    algorithm = build(cfg.algorithm, "algorithm", ctx=ctx)
+    check_aggregator(ctx.aggregator, algorithm)
+    objective = resolve_objective(str(cfg.get("objective", "auto")), algorithm, data.has_val)
+    attack = build(cfg.attack, "attack")
+    attack.check_target(algorithm)
+    attack.setup(ctx, cfg.num_clients)
+    executor = build(cfg.executor, "executor")
+    # audits watch the run at its evaluations (privacy=mia, ...)
+    audits = [build(cfg.privacy, "privacy", ctx=ctx)] if cfg.get("privacy") else []
+    return Components(
+        cfg, run_dir, device, threads, client, data, store, algorithm, objective, attack, executor,
+        audits=audits,
+        callbacks=[AuditCallback(audit, algorithm) for audit in audits],
+        checkpoint=checkpoint,
+    )  # fmt: skip
+
+
+def make_orchestrator(c: Components, algorithm=None, callbacks=()) -> Orchestrator:
+    """The round loop over the components (another `algorithm` may stand in for theirs)."""
+    cfg = c.cfg
+    return Orchestrator(
+        algorithm or c.algorithm,
+        c.executor,
+        c.data,
+        c.attack,
+        seed=cfg.seed,
+        rounds=cfg.rounds,
+        clients_per_round=cfg.clients_per_round,
+        eval_every=cfg.eval_every,
+        callbacks=callbacks,
+    )
+
+
+def run(
+    c: Components,
+    loggers: Sequence[Callback] = (),
+    *,
+    choices: dict | None = None,
+    group: str | None = None,
+) -> RunSummary:
+    """Run the components to the end (or to a divergence or a stop signal) and summarise.
+
+    Callbacks, in order: the components' own (audits), `metrics.jsonl` + `summary.json`,
+    `loggers` (W&B, CSV, the progress bar; their `state_dict`, e.g. the W&B run id, is saved in
+    checkpoints), and the checkpointer last.
+    """
+    cfg, choices = c.cfg, choices or {}
+    watchers = [RunRecorder(c.run_dir), *loggers]
+    components = {"attack": c.attack, "executor": c.executor}
+    components.update({f"callback{i}": cb for i, cb in enumerate(c.callbacks)})
+    every = int(cfg.get("checkpoint_every", 0) or 0)
+    checkpointer = Checkpointer(c.run_dir, every, cfg, c.store, c.data, components, watchers)
+    orch = make_orchestrator(c, callbacks=[*c.callbacks, *watchers, checkpointer])
+    checkpointer.restore_loggers(c.checkpoint)  # on resume: W&B continues the same run id
+    scheme = get_object(cfg.partition._target_).name
+    title = f"{c.data.dataset.name}: {scheme} partition, label shares"
+    info = RunInfo(
+        run_dir=c.run_dir,
+        config=OmegaConf.to_container(cfg, resolve=True),
+        run_name=f"{choices.get('algorithm')}-{choices.get('dataset')}-s{cfg.seed}",
+        group=group,
+        rounds=cfg.rounds,
+        # rounds logged after the checkpoint are run (and logged) again
+        resumed_from_round=int(c.checkpoint["round"]) if c.checkpoint is not None else None,
+        artifacts=write_partition_stats(c.data, c.run_dir, title),
+    )
+    run_start(orch.callbacks, info)
+    state, start_round = None, 1
+    if c.checkpoint is not None:
+        state, start_round = checkpointer.restore(c.checkpoint, orch, c.algorithm)
+        log.info("resuming after round %d", start_round - 1)
+    start = time.perf_counter()
+    status, diverged_round, stop_signal = "completed", None, None
+    with checkpointer.signals.installed():
+        try:
+            orch.run(state, start_round)
+        except Diverged as err:  # the last good checkpoint (if any) stays as it is
+            status, diverged_round = "diverged", err.round_idx
+            log.error("%s", err)
+        except Interrupted as err:
+            status, stop_signal = "interrupted", signal.Signals(err.signum).name
+            log.warning("%s; resume with: python -m fedexp resume=%s", err, c.run_dir)
+    wall = time.perf_counter() - start
+    final = {k: v for k, v in orch.last_eval.items() if not k.startswith("time/")}
+    final.update(c.data.coverage)
+    final["runtime/threads"] = c.threads
+    summary = RunSummary(
+        status=status,
+        rounds_completed=orch.round if status != "diverged" else (diverged_round or 1) - 1,
+        diverged_round=diverged_round,
+        stop_signal=stop_signal,
+        checkpoint_round=checkpointer.saved_round,
+        resumed_from_round=start_round - 1 if c.checkpoint is not None else None,
+        metrics=final,
+        # the metric returned to a sweeper, with the test metrics of the same round
+        objective=Objective(c.objective, final.get(c.objective)),
+        client_acc=orch.client_accs,
+        describe={**c.algorithm.describe(), **c.attack.describe()},
+        timing=Timing(wall, orch.train_seconds / max(orch.round, 1)),
+        choices=choices,
+        config=info.config,
+    )
+    run_end(orch.callbacks, summary)
+    return summary
+
+
+class Experiment:
+    """The built components of one run (`build_components`) with the calls scripts and tests
+    use; every component is an attribute (`exp.algorithm`, `exp.data`, `exp.callbacks`, ...)."""
+
     def __init__(self, cfg: DictConfig, run_dir: str | Path, resume: bool = False):
-        validate(cfg)
-        validate_config(cfg)  # cross-component checks declared by the components themselves
-        self.cfg = cfg
-        # the one typed route of `client.*` to the algorithm, its modules, executor and audits
-        self.client = ClientConfig.from_mapping(OmegaConf.to_container(cfg.client, resolve=True))
-        self.run_dir = Path(run_dir)
-        self.device = resolve_device(cfg.device)
-        self.threads, why = apply_threads(cfg.get("threads", "auto"), self.device)
-        log.info("threads: %d (%s)", self.threads, why)
-        self.checkpoint = (
-            load_checkpoint(self.run_dir / CHECKPOINT_FILE, config_hash(cfg), self.device)
-            if resume
-            else None
-        )
-        torch.manual_seed(cfg.seed)
-        self.data = build_data(cfg, self.device)
-        check_resumed_data(self.checkpoint, self.data)  # the same data as the checkpoint's
-        validate_data(cfg, self.data)  # checks that need data facts (input shape, classes)
-        factory = build(cfg.model, "model")
-        # a model factory takes (input_shape, num_classes, **dataset.model_kwargs); a model
-        # *family* (heterogeneous clients) also takes `arch` in range(model.num_archs)
-        model_args = dict(
-            input_shape=self.data.input_shape,
-            num_classes=self.data.num_classes,
-            **self.data.dataset.model_kwargs,
-        )
-        # a LightningModule of the user's gets the arguments its __init__ names (maybe none)
-        model_factory = partial(factory, **factory_arguments(factory, model_args))
-        self.store = ClientStore(**OmegaConf.to_container(cfg.get("client_store") or {}))
-        ctx = BuildContext(
-            model_factory=model_factory,
-            client=self.client,
-            aggregator=build(cfg.aggregator, "aggregator"),
-            data=self.data,
-            device=self.device,
-            seed=cfg.seed,
-            store=self.store,
-            model_args=model_args,
-        )
-        self.algorithm = build(cfg.algorithm, "algorithm", ctx=ctx)
-        check_aggregator(ctx.aggregator, self.algorithm)
-        self.objective = resolve_objective(
-            str(cfg.get("objective", "auto")), self.algorithm, self.data.has_val
-        )
-        self.attack = build(cfg.attack, "attack")
-        self.attack.check_target(self.algorithm)
-        self.attack.setup(ctx, cfg.num_clients)
-        self.executor = build(cfg.executor, "executor")
-        # audits and other end-of-evaluation hooks (privacy=mia, ...)
-        self.callbacks = [build(cfg.privacy, "privacy", ctx=ctx)] if cfg.get("privacy") else []
+        self.components = build_components(cfg, run_dir, resume)
 
-    def write_partition_stats(self, loggers: list = ()) -> Path:
-        """partition_stats.csv (returned) and the label-distribution PNG (logged here)."""
-        counts = class_counts(self.data.train_labels(), self.data.partition, self.data.num_classes)
-        path = self.run_dir / "partition_stats.csv"
-        header = "client,group,n_train,n_test,n_val," + ",".join(
-            f"class_{c}" for c in range(counts.shape[1])
-        )
-        part = self.data.partition
-        groups = self.data.groups or [""] * len(counts)
-        n_val = [len(v) for v in part.val] if part.val is not None else [0] * len(counts)
-        rows = [
-            f"{c},{groups[c]},{len(part.train[c])},{len(part.test[c])},{n_val[c]},"
-            + ",".join(map(str, counts[c]))
-            for c in range(len(counts))
-        ]
-        path.write_text("\n".join([header, *rows]) + "\n")
-        scheme = get_object(self.cfg.partition._target_).name
-        title = f"{self.data.dataset.name}: {scheme} partition, label shares"
-        plot = plot_label_distribution(counts, self.run_dir / "partition_labels.png", title)
-        for logger in loggers:
-            logger.log_artifact(plot, "partition/label_distribution")
-        return path
+    def __getattr__(self, name: str):
+        components = self.__dict__.get("components")
+        if components is None or not hasattr(components, name):
+            raise AttributeError(name)
+        return getattr(components, name)
 
-    def restore_logger(self, logger) -> None:
-        """On resume, hand a logger its saved state (W&B run id) before it starts."""
-        restore_logger(logger, self.checkpoint)
+    def orchestrator(self, algorithm=None, callbacks: Sequence[Callback] = ()) -> Orchestrator:
+        """The round loop over this experiment's components, watched by `callbacks` only."""
+        return make_orchestrator(self.components, algorithm, callbacks)
 
-    def orchestrator(self, algorithm=None, **hooks) -> Orchestrator:
-        """The round loop over this experiment's components (`hooks`: loggers, on_round, ...)."""
-        cfg = self.cfg
-        return Orchestrator(
-            algorithm or self.algorithm,
-            self.executor,
-            self.data,
-            self.attack,
-            seed=cfg.seed,
-            rounds=cfg.rounds,
-            clients_per_round=cfg.clients_per_round,
-            eval_every=cfg.eval_every,
-            **hooks,
-        )
-
-    def run(self, loggers: list, on_round=None, choices: dict | None = None) -> dict[str, Any]:
-        cfg = self.cfg
-        recorder = RunRecorder(self.run_dir)
-        stats = self.write_partition_stats(loggers)
-        for logger in loggers:
-            logger.log_artifact(stats, "partition/class_counts")
-        components = {"attack": self.attack, "executor": self.executor}
-        components.update({f"callback{i}": c for i, c in enumerate(self.callbacks)})
-        checkpointer = Checkpointer(
-            self.run_dir,
-            int(cfg.get("checkpoint_every", 0) or 0),
-            cfg,
-            self.store,
-            components,
-            loggers,
-        )
-        orch = self.orchestrator(
-            loggers=[recorder, *loggers],
-            on_round=on_round,
-            callbacks=self.callbacks,
-            after_round=checkpointer.after_round,
-        )
-        state, start_round = None, 1
-        if self.checkpoint is not None:
-            # rounds logged after the checkpoint are run (and logged) again
-            truncate_metric_logs(self.run_dir, int(self.checkpoint["round"]))
-            state, start_round = checkpointer.restore(self.checkpoint, orch, self.algorithm)
-            log.info("resuming after round %d", start_round - 1)
-        start = time.perf_counter()
-        status, diverged_round, stop_signal = "completed", None, None
-        with checkpointer.signals.installed():
-            try:
-                orch.run(state, start_round)
-            except Diverged as err:  # the last good checkpoint (if any) stays as it is
-                status, diverged_round = "diverged", err.round_idx
-                log.error("%s", err)
-            except Interrupted as err:
-                status, stop_signal = "interrupted", signal.Signals(err.signum).name
-                log.warning("%s; resume with: python -m fedexp resume=%s", err, self.run_dir)
-        wall = time.perf_counter() - start
-        final = {k: v for k, v in orch.last_eval.items() if not k.startswith("time/")}
-        final.update(self.data.coverage)
-        final["runtime/threads"] = self.threads
-        summary = {
-            "status": status,
-            "rounds_completed": orch.round if status != "diverged" else (diverged_round or 1) - 1,
-            "diverged_round": diverged_round,
-            "stop_signal": stop_signal,
-            "checkpoint_round": checkpointer.saved_round,
-            "resumed_from_round": start_round - 1 if self.checkpoint is not None else None,
-            "metrics": final,
-            # the metric returned to a sweeper, with the test metrics of the same round
-            "objective": {"name": self.objective, "value": final.get(self.objective)},
-            "client_acc": orch.client_accs,
-            "describe": {**self.algorithm.describe(), **self.attack.describe()},
-            "timing": {
-                "wall_time_s": wall,
-                "round_s_mean": orch.train_seconds / max(orch.round, 1),
-            },
-            "choices": choices or {},
-            "config": OmegaConf.to_container(cfg, resolve=True),
-        }
-        recorder.write_summary(summary)
-        for logger in loggers:
-            logger.finish(summary)
-        return summary
+    def run(
+        self,
+        loggers: Sequence[Callback] = (),
+        *,
+        choices: dict | None = None,
+        group: str | None = None,
+    ) -> RunSummary:
+        """`run(components, loggers, ...)`: the whole run, with its checkpoints and summary."""
+        return run(self.components, loggers, choices=choices, group=group)

@@ -28,6 +28,7 @@ from fedexp.core.executors import train_local
 from fedexp.core.orchestrator import Orchestrator
 from fedexp.core.seeding import CLIENT, INIT, client_generator, derive_seed, sample_clients
 from fedexp.core.types import ClientResult, ConfigError, RoundContext, ServerState, Weights
+from fedexp.loggers.base import Logger
 from fedexp.metrics.cka import linear_kernel
 from fedexp.models.family import cnn_family
 from fedexp.models.mlp import mlp
@@ -45,7 +46,7 @@ HETERO = ("algorithm=fedhenn", "algorithm.variant=heterogeneous", "model=cnn_fam
 experiment = smoke_experiment  # an in-process run of the real config at smoke size
 
 
-class Capture:
+class Capture(Logger):
     """A logger that keeps every evaluated round's metrics."""
 
     def __init__(self) -> None:
@@ -57,7 +58,7 @@ class Capture:
 
 def run(exp: Experiment, algorithm=None) -> tuple[Orchestrator, Capture]:
     capture = Capture()
-    orch = exp.orchestrator(algorithm, loggers=[capture])
+    orch = exp.orchestrator(algorithm, callbacks=[capture])
     orch.run()
     return orch, capture
 
@@ -93,10 +94,10 @@ def test_eta0_homogeneous_summary_equals_fedavg_summary(tmp_path):
     # settings are the authors' SGD, so FedAvg is run with them: client=fedhenn)
     avg = experiment(tmp_path / "a", "algorithm=fedavg", "client=fedhenn").run([])
     henn = experiment(tmp_path / "h", "algorithm=fedhenn", "algorithm.eta0=0").run([])
-    for key, value in avg["metrics"].items():
+    for key, value in avg.metrics.items():
         if not key.startswith("time/"):
-            assert henn["metrics"][key] == value, key
-    assert "eval/personal/acc_mean" in henn["metrics"]
+            assert henn.metrics[key] == value, key
+    assert "eval/personal/acc_mean" in henn.metrics
 
 
 def test_rad_is_drawn_from_the_clients_training_inputs(tmp_path):

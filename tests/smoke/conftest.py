@@ -13,6 +13,8 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
+from fedexp.core.callbacks import Callback
+
 REPO = Path(__file__).resolve().parents[2]
 SMOKE_DIR = Path(__file__).resolve().parent
 
@@ -48,26 +50,24 @@ def compose_cfg(tmp_path, monkeypatch):
 
 
 def run_experiment(cfg, run_dir: Path, resume: bool = False, callbacks=(), loggers=()) -> dict:
-    """Build and run one job in this process, as the CLI does (minus Hydra's run dir)."""
+    """Build and run one job in this process, as the CLI does (minus Hydra's run dir); returns
+    the summary in its summary.json form."""
     from fedexp.run import Experiment
 
     run_dir.mkdir(parents=True, exist_ok=True)
     experiment = Experiment(cfg, run_dir, resume=resume)
     experiment.callbacks.extend(callbacks)
-    for logger in loggers:
-        experiment.restore_logger(logger)
-        logger.start({}, "test", None)
-    return experiment.run(list(loggers))
+    return experiment.run(list(loggers)).to_dict()
 
 
-class SignalAfter:
+class SignalAfter(Callback):
     """A callback that sends this process `signum` when round `round_idx` is evaluated."""
 
     def __init__(self, round_idx: int, signum: int = signal.SIGTERM):
         self.round_idx, self.signum = round_idx, signum
 
-    def on_evaluate(self, orch, state, t: int) -> dict:
-        if t == self.round_idx:
+    def on_evaluate(self, report) -> dict:
+        if report.round == self.round_idx:
             os.kill(os.getpid(), self.signum)
         return {}
 

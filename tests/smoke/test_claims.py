@@ -18,6 +18,7 @@ from fedexp.claims.__main__ import main, select
 from fedexp.claims.catalogue import CLAIMS, SETTINGS, Term, settings_of
 from fedexp.claims.table import BEGIN, END, row, update_doc
 from fedexp.claims.verdict import Measured, evaluate, judge, measure, sample_std
+from fedexp.core.summary import RunSummary
 from fedexp.core.types import ConfigError
 
 
@@ -25,9 +26,9 @@ def m(label: str, *values: float) -> Measured:
     return Measured(label, "k", dict(enumerate(values)))
 
 
-def runs(key: str, *values: float) -> dict[int, dict]:
+def runs(key: str, *values: float) -> dict[int, RunSummary]:
     """Fake completed runs: seed i reports values[i] under key."""
-    return {seed: {"metrics": {key: v}} for seed, v in enumerate(values)}
+    return {seed: RunSummary("completed", metrics={key: v}) for seed, v in enumerate(values)}
 
 
 def test_sample_std_uses_n_minus_one():

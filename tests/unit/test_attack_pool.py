@@ -13,6 +13,7 @@ from hydra import compose, initialize_config_dir
 from components import with_yaml
 from fedexp.attacks.crafted import AGRTailored, MinMax
 from fedexp.attacks.pool import pool_extras
+from fedexp.core.callbacks import RoundFunction
 from fedexp.core.executors import SequentialExecutor, train_aside
 from fedexp.core.types import ClientResult, ConfigError, RoundContext, Weights
 from fedexp.run import Experiment
@@ -41,7 +42,7 @@ def experiment(tmp_path, *overrides: str) -> Experiment:
 
 def run_rounds(exp: Experiment) -> tuple[float, list[dict]]:
     rows: list[dict] = []
-    final = exp.orchestrator(on_round=lambda t, m: rows.append(m)).run()
+    final = exp.orchestrator(callbacks=[RoundFunction(lambda t, m: rows.append(m))]).run()
     return final["eval/global/acc"], rows
 
 

@@ -18,9 +18,9 @@ from fedexp.core.checkpoint import (
     rng_state,
     save_checkpoint,
     set_rng_state,
-    truncate_metric_logs,
 )
 from fedexp.core.types import ConfigError
+from fedexp.loggers.files import CSVLogger, RunRecorder
 
 
 def payload(**extra):
@@ -110,7 +110,8 @@ def test_metric_logs_keep_only_rounds_up_to_the_checkpoint(tmp_path):
     )
     csv = ["round,eval/global/acc"] + [f"{t},{t / 10}" for t in range(1, 6)] + ["6,0."]
     (tmp_path / "metrics.csv").write_text("\n".join(csv) + "\n")
-    truncate_metric_logs(tmp_path, 3)
+    RunRecorder(tmp_path).truncate(3)
+    CSVLogger(tmp_path).truncate(3)
     kept = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert kept == rows[:3]
     assert (tmp_path / "metrics.csv").read_text().splitlines() == csv[:4]

@@ -207,7 +207,7 @@ def compose_and_run(tmp_path: Path, monkeypatch, *overrides: str) -> tuple[dict,
         cfg = compose("config", overrides=list(overrides))
     run_dir = tmp_path / "run" / "_".join(o.replace("/", "-") for o in overrides)
     run_dir.mkdir(parents=True)
-    return Experiment(cfg, run_dir).run([], None, {}), run_dir
+    return Experiment(cfg, run_dir).run().to_dict(), run_dir
 
 
 @pytest.mark.parametrize("dataset", ["mnist", "fmnist", "cifar100", "femnist"])
@@ -238,9 +238,10 @@ def test_config_runs_each_image_dataset(tmp_path, monkeypatch, dataset):
 def test_label_distribution_png_goes_to_every_logger(tmp_path, monkeypatch):
     from hydra import compose, initialize_config_dir
 
+    from fedexp.loggers.base import Logger
     from fedexp.run import Experiment
 
-    class Recording:
+    class Recording(Logger):
         def __init__(self):
             self.artifacts = []
 
@@ -257,7 +258,7 @@ def test_label_distribution_png_goes_to_every_logger(tmp_path, monkeypatch):
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=["debug=smoke", "rounds=1"])
     logger = Recording()
-    Experiment(cfg, tmp_path).run([logger], None, {})
+    Experiment(cfg, tmp_path).run([logger])
     assert ("partition_labels.png", "partition/label_distribution") in logger.artifacts
     assert (tmp_path / "partition_labels.png").read_bytes()[:4] == b"\x89PNG"
 

@@ -46,7 +46,7 @@ def test_audit_restores_only_its_clients_the_rng_and_uses_the_batch_transform(
         "privacy.attack_model=logistic",
         "client_store.max_bytes=1",  # every state but the newest spills to disk
     )
-    algorithm, audit, store = exp.algorithm, exp.callbacks[0], exp.store
+    algorithm, audit, store = exp.algorithm, exp.audits[0], exp.store
     state = algorithm.init_state()
     ctx = RoundContext(1, tuple(range(exp.data.num_clients)), exp.cfg.seed)
     exp.executor.run(algorithm, algorithm.configure_round(state, ctx), ctx, exp.data)
@@ -90,7 +90,7 @@ def test_no_metric_where_the_algorithm_rebuilds_no_model(tmp_path, caplog):
         "privacy=mia",
         "privacy.num_shadows=1",
     )
-    algorithm, audit = exp.algorithm, exp.callbacks[0]
+    algorithm, audit = exp.algorithm, exp.audits[0]
     state = algorithm.init_state()
     with caplog.at_level("INFO", logger="fedexp.audit.mia"):
         metrics = audit.on_evaluate(SimpleNamespace(algorithm=algorithm, rounds=1), state, 1)
@@ -117,7 +117,7 @@ def test_the_attack_scores_vary_on_clients_that_overfit_a_non_iid_shard(tmp_path
         "partition.val_fraction=0",
     )
     assert exp.cfg.partition._target_.endswith(".Shards") and exp.cfg.privacy.attack_model == "gbdt"
-    algorithm, audit = exp.algorithm, exp.callbacks[0]
+    algorithm, audit = exp.algorithm, exp.audits[0]
     scored = []
 
     def spy(members, non_members):

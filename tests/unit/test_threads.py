@@ -60,6 +60,6 @@ def test_the_chosen_count_is_applied_and_reported(tmp_path):
         exp = Experiment(cfg, tmp_path)
         assert torch.get_num_threads() == 2 and exp.threads == 2
         summary = exp.run([])
-        assert summary["metrics"]["runtime/threads"] == 2
+        assert summary.metrics["runtime/threads"] == 2
     finally:
         torch.set_num_threads(before)

@@ -10,6 +10,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from conftest import smoke_experiment
+from fedexp.core.summary import Objective
 from fedexp.core.types import ConfigError
 from fedexp.data.partition import local_split
 
@@ -67,11 +68,10 @@ def test_personal_validation_metrics_and_auto_objective(tmp_path):
     exp = experiment(tmp_path / "rep", "algorithm=fedrep")
     assert exp.objective == "eval/val/personal/acc_mean"
     summary = exp.run([])
-    assert summary["objective"] == {
-        "name": "eval/val/personal/acc_mean",
-        "value": summary["metrics"]["eval/val/personal/acc_mean"],
-    }
-    assert "eval/personal/acc_mean" in summary["metrics"]  # test metrics of the same round
+    assert summary.objective == Objective(
+        "eval/val/personal/acc_mean", summary.metrics["eval/val/personal/acc_mean"]
+    )
+    assert "eval/personal/acc_mean" in summary.metrics  # test metrics of the same round
     assert experiment(tmp_path / "avg", "algorithm=fedavg").objective == "eval/val/global/acc"
     # without a validation split `auto` falls back to the test metric
     exp = experiment(tmp_path / "noval", "partition.val_fraction=0")
@@ -102,12 +102,12 @@ def test_classes_no_client_holds_are_refused_unless_allowed(tmp_path):
         experiment(tmp_path / "a", *few, "partition.allow_missing_classes=false")
     exp = experiment(tmp_path / "b", *few, "partition.allow_missing_classes=true")
     summary = exp.run([])
-    assert summary["metrics"]["data/classes_used"] == 4
-    used = summary["metrics"]["data/train_fraction_used"]
+    assert summary.metrics["data/classes_used"] == 4
+    used = summary.metrics["data/train_fraction_used"]
     n = len(exp.data.dataset.train_y)
     assert used == pytest.approx(sum(len(t) for t in exp.data.partition.train) / n)
     assert used < 0.5
-    assert summary["metrics"]["eval/global/acc"] <= 0.45
+    assert summary.metrics["eval/global/acc"] <= 0.45
 
 
 def test_hparams_search_presets_tune_on_validation_data():

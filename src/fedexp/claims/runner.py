@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedexp.claims.catalogue import Setting
+from fedexp.core.summary import RunSummary
 
 FIXED = ("logger=csv", "progress=false", "checkpoint_every=0")
 POLL_S = 0.5
@@ -38,7 +39,7 @@ class RunRecord:
     status: str
     run_s: float  # wall time from the previous run of the setting (or the process start)
     reused: bool = False
-    summary: dict | None = field(default=None, repr=False)
+    summary: RunSummary | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -65,15 +66,15 @@ def command(setting: Setting, seeds: list[int], sweep_dir: Path, extra: tuple[st
     ]
 
 
-def _completed(run_dir: Path) -> dict | None:
+def _completed(run_dir: Path) -> RunSummary | None:
+    """The run's summary.json (None while there is none, or it is still being written)."""
     path = run_dir / "summary.json"
     if not path.exists():
         return None
     try:
-        summary = json.loads(path.read_text())
-    except (json.JSONDecodeError, OSError):
+        return RunSummary.from_dict(json.loads(path.read_text()))
+    except (ValueError, OSError):  # JSONDecodeError is a ValueError
         return None  # still being written
-    return summary
 
 
 class Runner:
@@ -136,7 +137,7 @@ class Runner:
         for seed in self.seeds:
             run_dir = sweep / f"seed{seed}"
             summary = _completed(run_dir) if same else None
-            if summary is not None and summary.get("status") == "completed":
+            if summary is not None and summary.completed:
                 runs[seed] = RunRecord(
                     setting.id, seed, str(run_dir), "completed", 0.0, True, summary
                 )
@@ -168,7 +169,7 @@ class Runner:
                         continue
                     now = time.perf_counter()
                     record = RunRecord(
-                        setting.id, seed, str(sweep / f"seed{seed}"), summary["status"],
+                        setting.id, seed, str(sweep / f"seed{seed}"), summary.status,
                         now - last, summary=summary,
                     )  # fmt: skip
                     last = now

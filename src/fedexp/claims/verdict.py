@@ -1,6 +1,6 @@
 """From run summaries to a claim's measured values and whether it holds in direction.
 
-Pure functions over plain data: `summaries` maps a setting id to {seed: summary dict} (the
+Pure functions over plain data: `summaries` maps a setting id to {seed: RunSummary} (the
 `summary.json` of each completed run).
 """
 
@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, field
 
 from fedexp.claims.catalogue import Claim, Term
+from fedexp.core.summary import RunSummary
 
 OPS = {
     ">": lambda a, b: a > b,
@@ -45,15 +46,15 @@ def sample_std(xs: list[float]) -> float:
     return math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
 
 
-def pick_key(keys: tuple[str, ...], runs: list[dict]) -> str | None:
+def pick_key(keys: tuple[str, ...], runs: list[RunSummary]) -> str | None:
     """The first of `keys` that every run's final metrics report (None if none does)."""
     for key in keys:
-        if runs and all(run["metrics"].get(key) is not None for run in runs):
+        if runs and all(run.metrics.get(key) is not None for run in runs):
             return key
     return None
 
 
-def measure(term: Term, summaries: dict[str, dict[int, dict]]) -> Measured:
+def measure(term: Term, summaries: dict[str, dict[int, RunSummary]]) -> Measured:
     """A term's per-seed values; a drop term pairs the clean and attacked runs by seed."""
     runs = summaries.get(term.setting, {})
     clean = summaries.get(term.clean, {}) if term.clean else {}
@@ -67,8 +68,8 @@ def measure(term: Term, summaries: dict[str, dict[int, dict]]) -> Measured:
         return Measured(term.label, None, missing=f"{' / '.join(term.keys)} not reported")
     values = {}
     for seed in seeds:
-        value = float(runs[seed]["metrics"][key])
-        values[seed] = float(clean[seed]["metrics"][key]) - value if term.clean else value
+        value = float(runs[seed].metrics[key])
+        values[seed] = float(clean[seed].metrics[key]) - value if term.clean else value
     return Measured(term.label, key, values)
 
 
@@ -107,7 +108,9 @@ def judge(measured: list[Measured], relations: tuple[tuple[int, str, int], ...])
     return Verdict(holds, clear, failed)
 
 
-def evaluate(claim: Claim, summaries: dict[str, dict[int, dict]]) -> tuple[list[Measured], Verdict]:
+def evaluate(
+    claim: Claim, summaries: dict[str, dict[int, RunSummary]]
+) -> tuple[list[Measured], Verdict]:
     """Measure every term of a claim and judge its relations."""
     measured = [measure(term, summaries) for term in claim.terms]
     return measured, judge(measured, claim.relations)

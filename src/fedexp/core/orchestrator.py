@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
 
 import torch
 
 from fedexp.core.aggregation import malicious_count
 from fedexp.core.algorithm import Algorithm
+from fedexp.core.callbacks import Callback, RoundReport, frozen
 from fedexp.core.evaluation import evaluate
 from fedexp.core.executors import train_aside
 from fedexp.core.seeding import sample_clients
@@ -31,7 +32,11 @@ def logged_means(results: Sequence) -> dict[str, float]:
 
 
 class Orchestrator:
-    """Drives `rounds` rounds of configure -> local training -> attack -> aggregate -> evaluate."""
+    """Drives `rounds` rounds of configure -> local training -> attack -> aggregate -> evaluate.
+
+    Everything that watches the run (loggers, checkpoints, progress, audits) is one of
+    `callbacks` (`fedexp.core.callbacks`), called in list order with read-only round reports.
+    """
 
     def __init__(
         self,
@@ -44,10 +49,7 @@ class Orchestrator:
         rounds: int,
         clients_per_round: int,
         eval_every: int,
-        loggers: Sequence = (),
-        on_round: Callable[[int, dict], None] | None = None,
-        callbacks: Sequence = (),
-        after_round: Callable[[Orchestrator, int], None] | None = None,
+        callbacks: Sequence[Callback] = (),
     ):
         self.algorithm = algorithm
         self.executor = executor
@@ -57,11 +59,7 @@ class Orchestrator:
         self.rounds = rounds
         self.clients_per_round = clients_per_round
         self.eval_every = eval_every
-        self.loggers = list(loggers)
-        self.on_round = on_round
         self.callbacks = list(callbacks)
-        # called once a round is complete and logged (checkpointing; may raise to stop the run)
-        self.after_round = after_round
         self.train_data = attack.wrap_data(data)
         self.totals = {"comm/up_bits_total": 0, "comm/down_bits_total": 0}
         self.train_seconds = 0.0  # summed round times (local training + aggregation)
@@ -118,19 +116,29 @@ class Orchestrator:
         for t in range(start_round, self.rounds + 1):
             state, metrics = self.run_round(state, t)
             self.state, self.round = state, t
-            if t % self.eval_every == 0 or t == self.rounds:
+            evaluated = t % self.eval_every == 0 or t == self.rounds
+            if evaluated:
                 scalars, self.client_accs = evaluate(self.algorithm, state, self.data)
                 metrics.update(scalars)
-                for callback in self.callbacks:
-                    metrics.update(callback.on_evaluate(self, state, t) or {})
                 self.last_eval = metrics
-                for logger in self.loggers:
-                    logger.log_metrics(metrics, step=t)
-            if self.on_round is not None:
-                self.on_round(t, metrics)
-            if self.after_round is not None:
-                self.after_round(self, t)
+                for callback in self.callbacks:  # audits add their metrics to the round's
+                    metrics.update(callback.on_evaluate(self.report(metrics, True)) or {})
+            report = self.report(metrics, evaluated)
+            for callback in self.callbacks:
+                callback.on_round_end(report)
         return self.last_eval
+
+    def report(self, metrics: dict, evaluated: bool) -> RoundReport:
+        """The current round as callbacks see it (copies: a report never changes)."""
+        return RoundReport(
+            round=self.round,
+            last_round=self.rounds,
+            metrics=frozen(metrics),
+            evaluated=evaluated,
+            state=self.state,
+            client_accs=frozen(self.client_accs),
+            loop_state=frozen(self.state_dict()),
+        )
 
     def state_dict(self) -> dict:
         """The loop's own running state (comm totals, last round and evaluation) for resume."""

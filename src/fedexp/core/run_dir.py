@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fedexp.core.summary import RunSummary
 from fedexp.core.types import ConfigError
 
 LOCK_FILE = ".fedexp.lock"
@@ -108,8 +109,8 @@ def sweep_status(sweep_dir: str | Path) -> int:
     else 0 (a diverged job is a result, recorded as such)."""
     for path in Path(sweep_dir).rglob("summary.json"):
         try:
-            status = json.loads(path.read_text()).get("status")
-        except (OSError, json.JSONDecodeError, AttributeError):
+            status = RunSummary.from_dict(json.loads(path.read_text())).status
+        except (OSError, ValueError):  # JSONDecodeError is a ValueError
             continue
         if status == "config_error":
             return EXIT_CONFIG

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedexp.data.partition import class_counts
+
 
 def plot_label_distribution(counts: np.ndarray, path: str | Path, title: str = "") -> Path:
     """Write a PNG of per-client class shares (rows sum to 1) and per-client training sizes.
@@ -53,3 +55,33 @@ def plot_label_distribution(counts: np.ndarray, path: str | Path, title: str = "
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def write_partition_stats(
+    data, run_dir: str | Path, title: str = ""
+) -> tuple[tuple[Path, str], ...]:
+    """`partition_stats.csv` (each client's group, split sizes and class counts) and the
+    label-distribution PNG in `run_dir`; returns (path, kind) of both, the plot first.
+
+    Args:
+        data: the FederatedData.
+        run_dir: the run directory.
+        title: the plot's title.
+    """
+    run_dir = Path(run_dir)
+    counts = class_counts(data.train_labels(), data.partition, data.num_classes)
+    path = run_dir / "partition_stats.csv"
+    header = "client,group,n_train,n_test,n_val," + ",".join(
+        f"class_{c}" for c in range(counts.shape[1])
+    )
+    part = data.partition
+    groups = data.groups or [""] * len(counts)
+    n_val = [len(v) for v in part.val] if part.val is not None else [0] * len(counts)
+    rows = [
+        f"{c},{groups[c]},{len(part.train[c])},{len(part.test[c])},{n_val[c]},"
+        + ",".join(map(str, counts[c]))
+        for c in range(len(counts))
+    ]
+    path.write_text("\n".join([header, *rows]) + "\n")
+    plot = plot_label_distribution(counts, run_dir / "partition_labels.png", title)
+    return ((plot, "partition/label_distribution"), (path, "partition/class_counts"))

@@ -9,6 +9,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from fedexp.core.summary import RunSummary
+from fedexp.loggers.base import Logger
+
 
 def _clean(value: Any) -> Any:
     """Non-finite floats become null (JSON has no NaN), recursively."""
@@ -28,22 +31,54 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-class RunRecorder:
+def write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _jsonl_round(line: str) -> float:
+    """The line's round; a malformed (half-written) line sorts after every round."""
+    try:
+        return int(json.loads(line).get("round", 0))
+    except (json.JSONDecodeError, AttributeError, TypeError, ValueError):
+        return float("inf")
+
+
+def _csv_round(line: str, col: int) -> float:
+    """The row's round; a malformed (half-written) row sorts after every round."""
+    try:
+        return int(line.split(",")[col])
+    except (IndexError, ValueError):
+        return float("inf")
+
+
+class RunRecorder(Logger):
     """metrics.jsonl (one line per evaluated round) and summary.json."""
 
     def __init__(self, run_dir: str | Path):
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / "metrics.jsonl"
 
+    def truncate(self, last_round: int) -> None:
+        """Keep the lines of rounds up to `last_round`; a half-written last line goes too."""
+        if self.path.exists():
+            lines = self.path.read_text().splitlines()
+            keep = [line for line in lines if _jsonl_round(line) <= last_round]
+            write_text_atomic(self.path, "".join(line + "\n" for line in keep))
+
     def log_metrics(self, metrics: dict, step: int) -> None:
         with self.path.open("a") as f:
             f.write(json.dumps({k: _clean(v) for k, v in metrics.items()}) + "\n")
 
-    def write_summary(self, summary: dict) -> None:
-        write_json_atomic(self.run_dir / "summary.json", summary)
+    def finish(self, summary: RunSummary) -> None:
+        self.write_summary(summary)
+
+    def write_summary(self, summary: RunSummary) -> None:
+        write_json_atomic(self.run_dir / "summary.json", summary.to_dict())
 
 
-class CSVLogger:
+class CSVLogger(Logger):
     """metrics.csv: one row per evaluated round. A metric that first appears in a later round
     (an audit at the last evaluation, say) widens the table: the file is rewritten once with the
     new header, earlier rows left blank in the new columns."""
@@ -55,8 +90,17 @@ class CSVLogger:
             with self.path.open(newline="") as f:
                 self.fields = next(csv.reader(f), None)
 
-    def start(self, config: dict, run_name: str, group: str | None) -> None:
-        pass
+    def truncate(self, last_round: int) -> None:
+        """Keep the header and the rows of rounds up to `last_round` (a half-written last row
+        goes too)."""
+        if not self.path.exists():
+            return
+        lines = self.path.read_text().splitlines()
+        if lines:
+            header = lines[0].split(",")
+            col = header.index("round") if "round" in header else 0
+            body = [line for line in lines[1:] if _csv_round(line, col) <= last_round]
+            write_text_atomic(self.path, "".join(line + "\n" for line in [lines[0], *body]))
 
     def log_metrics(self, metrics: dict, step: int) -> None:
         if self.fields is None:
@@ -78,9 +122,3 @@ class CSVLogger:
             writer.writeheader()
             writer.writerows(rows)
         os.replace(tmp, self.path)
-
-    def log_artifact(self, path: str | Path, kind: str) -> None:
-        pass
-
-    def finish(self, summary: dict) -> None:
-        pass

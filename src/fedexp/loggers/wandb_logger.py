@@ -12,11 +12,16 @@ import logging
 import os
 from pathlib import Path
 
+from fedexp.core.summary import RunSummary
+from fedexp.loggers.base import Logger
+
 log = logging.getLogger(__name__)
 _unreachable: str | None = None  # why the last online init failed in this process, if it did
 
 
-class WandbLogger:
+class WandbLogger(Logger):
+    """Logs evaluated rounds to a W&B run (offline without an API key)."""
+
     def __init__(
         self,
         run_dir: str | Path,
@@ -121,12 +126,10 @@ class WandbLogger:
 
         self._guard("artifact", _log)
 
-    def finish(self, summary: dict) -> None:
+    def finish(self, summary: RunSummary) -> None:
         if self.run is None:
             return
-        final = {k: v for k, v in summary.get("metrics", {}).items() if isinstance(v, int | float)}
-        self._guard("summary", self.run.summary.update, {**final, "status": summary["status"]})
-        self._guard(
-            "finish", self.run.finish, exit_code=0 if summary["status"] == "completed" else 1
-        )
+        final = {k: v for k, v in summary.metrics.items() if isinstance(v, int | float)}
+        self._guard("summary", self.run.summary.update, {**final, "status": summary.status})
+        self._guard("finish", self.run.finish, exit_code=0 if summary.completed else 1)
         self.run = None

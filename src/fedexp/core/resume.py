@@ -1,0 +1,198 @@
+"""Exact resume: the checkpointing callback, putting a checkpoint back, and the saved config of
+a run dir (`python -m fedexp resume=<run dir>`). The file itself: `fedexp.core.checkpoint`."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from fedexp.core.callbacks import Callback, RoundReport
+from fedexp.core.checkpoint import (
+    CHECKPOINT_FILE,
+    FORMAT_VERSION,
+    config_hash,
+    data_digest,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from fedexp.core.signals import Interrupted, StopSignals
+from fedexp.core.summary import RunSummary
+from fedexp.core.types import ConfigError, ServerState
+
+log = logging.getLogger(__name__)
+
+
+def component_states(components: Mapping[str, Any]) -> dict:
+    """`state_dict()` of every component that has one (attack, executor, callbacks)."""
+    out = {}
+    for name, obj in components.items():
+        fn = getattr(obj, "state_dict", None)
+        if callable(fn):
+            out[name] = fn()
+    return out
+
+
+def load_component_states(components: Mapping[str, Any], states: Mapping[str, Any]) -> None:
+    for name, obj in components.items():
+        fn = getattr(obj, "load_state_dict", None)
+        if callable(fn) and name in states:
+            fn(states[name])
+
+
+def logger_names(loggers: Sequence) -> dict[str, Any]:
+    """Loggers by type name: the key of their state in a checkpoint."""
+    return {type(lg).__name__: lg for lg in loggers}
+
+
+class Checkpointer(Callback):
+    """Writes `run_dir/checkpoint.pt` every `every` rounds and when a stop signal arrives.
+
+    Put it last in the callback list: it saves a round once every other callback has seen it,
+    and after a stop signal it raises `Interrupted`, which ends the run.
+
+    Args:
+        run_dir: the run directory.
+        every: rounds between checkpoints; 0 writes one only on SIGINT/SIGTERM.
+        config: the run's config (its hash is checked on resume).
+        store: the ClientStore.
+        data: the FederatedData (its digest is checked on resume).
+        components: name -> object with optional `state_dict`/`load_state_dict` (the attack,
+            the executor, callbacks).
+        loggers: loggers whose optional `state_dict()` (e.g. the W&B run id) is saved; they are
+            restored before they start, by `restore_loggers`.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        every: int,
+        config: DictConfig,
+        store,
+        data,
+        components: Mapping[str, Any],
+        loggers: Sequence = (),
+    ):
+        self.path = Path(run_dir) / CHECKPOINT_FILE
+        self.every = every
+        self.config = OmegaConf.to_container(config, resolve=False)
+        self.hash = config_hash(config)
+        self.data = data
+        self.data_digest: str | None = None  # of the data, at the first save
+        self.store = store
+        self.components = dict(components)
+        self.loggers = list(loggers)
+        self.signals = StopSignals()
+        self.saved_round: int | None = None  # the round the checkpoint on disk holds
+
+    def snapshot(self, report: RoundReport) -> dict:
+        state: ServerState = report.state
+        if self.data_digest is None:
+            self.data_digest = data_digest(self.data)
+        return {
+            "format": FORMAT_VERSION,
+            "config_hash": str(self.hash),
+            "resolved_config": self.hash.stable,
+            "data_digest": self.data_digest,
+            "config": self.config,
+            "round": report.round,
+            "server": {"params": state.params, "buffers": state.buffers},
+            "client_store": self.store.state_dict(),
+            "orchestrator": dict(report.loop_state),
+            "components": component_states(self.components),
+            "loggers": component_states(logger_names(self.loggers)),
+            "rng": rng_state(),
+        }
+
+    def save(self, report: RoundReport) -> None:
+        save_checkpoint(self.path, self.snapshot(report))
+        self.saved_round = report.round
+        log.info("checkpoint: round %d -> %s", report.round, self.path)
+
+    def on_round_end(self, report: RoundReport) -> None:
+        """Save after every `every`-th round and after a stop signal (then stop the run)."""
+        stop = self.signals.requested
+        if stop is not None or (self.every and report.round % self.every == 0):
+            self.save(report)
+        if stop is not None:
+            raise Interrupted(report.round, stop)
+
+    def restore_loggers(self, payload: dict | None) -> None:
+        """Give the loggers their saved state (the W&B run id) before they start; no-op
+        without a checkpoint."""
+        if payload is not None:
+            load_component_states(logger_names(self.loggers), payload.get("loggers", {}))
+
+    def restore(self, payload: dict, orch, algorithm) -> tuple[ServerState, int]:
+        """Put a loaded checkpoint back; returns (server state, first round to run).
+
+        `init_state()` runs first, exactly as in a fresh run, so any cache an algorithm builds
+        there exists again; then its state is replaced by the saved one and the algorithm's
+        `on_resume(state)` hook may rebuild caches that depend on it.
+        """
+        algorithm.init_state()
+        server = payload["server"]
+        state = ServerState(params=server["params"], buffers=dict(server["buffers"]))
+        self.store.load_state_dict(payload["client_store"])
+        load_component_states(self.components, payload["components"])
+        orch.load_state_dict(payload["orchestrator"])
+        orch.state = state
+        on_resume = getattr(algorithm, "on_resume", None)
+        if callable(on_resume):
+            on_resume(state)
+        set_rng_state(payload["rng"])  # last: nothing above may draw from it afterwards
+        self.saved_round = int(payload["round"])
+        return state, int(payload["round"]) + 1
+
+
+RESUME_OVERRIDABLE = ("device", "threads", "progress", "checkpoint_every")
+
+
+def load_run_config(
+    run_dir: str | Path, overrides: Sequence[str] = ()
+) -> tuple[DictConfig, dict, str | None]:
+    """The saved config of a run dir, for `python -m fedexp resume=<run dir>`.
+
+    Returns (config, Hydra group choices, W&B group). Only keys that do not change results
+    (`RESUME_OVERRIDABLE`) may be overridden; anything wrong is a one-line ConfigError.
+    """
+    run_dir = Path(run_dir)
+    cfg_path = run_dir / ".hydra" / "config.yaml"
+    if not cfg_path.exists():
+        raise ConfigError(f"resume: {run_dir} is not a run dir (no .hydra/config.yaml)")
+    summary_path = run_dir / "summary.json"
+    if summary_path.exists():
+        try:
+            status = RunSummary.from_dict(json.loads(summary_path.read_text())).status
+        except (json.JSONDecodeError, ValueError):
+            status = None
+        if status == "completed":
+            raise ConfigError(f"resume: {run_dir} already completed all its rounds")
+    if not (run_dir / CHECKPOINT_FILE).exists():
+        raise ConfigError(
+            f"resume: {run_dir} has no {CHECKPOINT_FILE} (stopped before its first checkpoint; "
+            "checkpoint_every sets how often they are written)"
+        )
+    cfg = OmegaConf.load(cfg_path)
+    for override in overrides:
+        key, _, value = override.lstrip("+~").partition("=")
+        if key not in RESUME_OVERRIDABLE:
+            raise ConfigError(
+                f"{key}: a resumed run keeps its config; only {', '.join(RESUME_OVERRIDABLE)} "
+                "may be given with resume="
+            )
+        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([f"{key}={value}"]))
+    OmegaConf.set_struct(cfg, True)
+    choices, group = {}, None
+    hydra_path = run_dir / ".hydra" / "hydra.yaml"
+    if hydra_path.exists():
+        hydra = OmegaConf.to_container(OmegaConf.load(hydra_path), resolve=False).get("hydra", {})
+        runtime_choices = hydra.get("runtime", {}).get("choices", {})
+        choices = {k: v for k, v in runtime_choices.items() if not k.startswith("hydra")}
+        group = run_dir.parent.name if str(hydra.get("mode")) == "MULTIRUN" else None
+    return cfg, choices, group

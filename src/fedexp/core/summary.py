@@ -1,0 +1,127 @@
+"""`RunSummary`: how a run ended, its final metrics and what it ran; `summary.json` is its
+`to_dict()`, and every reader of a `summary.json` goes through `RunSummary.from_dict`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+STATUSES = ("completed", "diverged", "interrupted", "config_error")
+
+
+@dataclass(frozen=True)
+class Objective:
+    """The metric returned to a sweeper (`objective`), and its final value (None if absent)."""
+
+    name: str
+    value: float | None = None
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Wall time of the run (seconds) and the mean time of its rounds."""
+
+    wall_time_s: float
+    round_s_mean: float
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """A run's summary.
+
+    Attributes:
+        status: completed, diverged, interrupted, or config_error (a sweep job refused before
+            building anything; then only `error`, `rounds_completed`, `metrics`, `choices` and
+            `config` are meaningful, and only they are written).
+        rounds_completed: rounds run to the end (a diverged round is not).
+        metrics: the metrics of the last evaluated round (no time/*), data coverage and
+            runtime/threads.
+        config: the resolved config.
+        choices: the Hydra group choices (algorithm, dataset, ...).
+        diverged_round: the round whose loss or model went non-finite.
+        stop_signal: the signal's name (SIGTERM, SIGINT) of an interrupted run.
+        checkpoint_round: the round the checkpoint on disk holds.
+        resumed_from_round: the checkpoint round a resumed run started from.
+        objective: the sweeper's metric and its value.
+        client_acc: per-client final accuracies (lists per kind).
+        describe: facts the algorithm and attack report about themselves.
+        timing: wall time and mean round time.
+        error: the refusal of a config_error job.
+    """
+
+    status: str
+    rounds_completed: int = 0
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+    config: Mapping[str, Any] = field(default_factory=dict)
+    choices: Mapping[str, Any] = field(default_factory=dict)
+    diverged_round: int | None = None
+    stop_signal: str | None = None
+    checkpoint_round: int | None = None
+    resumed_from_round: int | None = None
+    objective: Objective | None = None
+    client_acc: Mapping[str, Any] = field(default_factory=dict)
+    describe: Mapping[str, Any] = field(default_factory=dict)
+    timing: Timing | None = None
+    error: str | None = None
+
+    @property
+    def completed(self) -> bool:
+        return self.status == "completed"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `summary.json` form (plain containers)."""
+        out: dict[str, Any] = {
+            "status": self.status,
+            "rounds_completed": self.rounds_completed,
+            "metrics": dict(self.metrics),
+            "choices": dict(self.choices),
+            "config": dict(self.config),
+        }
+        if self.status == "config_error":
+            return {**out, "error": self.error}
+        objective = self.objective or Objective("")
+        timing = self.timing or Timing(0.0, 0.0)
+        return {
+            **out,
+            "diverged_round": self.diverged_round,
+            "stop_signal": self.stop_signal,
+            "checkpoint_round": self.checkpoint_round,
+            "resumed_from_round": self.resumed_from_round,
+            "objective": {"name": objective.name, "value": objective.value},
+            "client_acc": dict(self.client_acc),
+            "describe": dict(self.describe),
+            "timing": {"wall_time_s": timing.wall_time_s, "round_s_mean": timing.round_s_mean},
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunSummary:
+        """Read a `summary.json`; keys it lacks (older or refused runs) take their defaults.
+
+        Raises:
+            ValueError: `data` is not a summary (not a mapping).
+        """
+        if not isinstance(data, Mapping):
+            raise ValueError(f"a run summary is a JSON object, not {type(data).__name__}")
+        objective = data.get("objective")
+        timing = data.get("timing")
+        return cls(
+            status=str(data.get("status", "?")),
+            rounds_completed=data.get("rounds_completed") or 0,
+            metrics=dict(data.get("metrics") or {}),
+            config=dict(data.get("config") or {}),
+            choices=dict(data.get("choices") or {}),
+            diverged_round=data.get("diverged_round"),
+            stop_signal=data.get("stop_signal"),
+            checkpoint_round=data.get("checkpoint_round"),
+            resumed_from_round=data.get("resumed_from_round"),
+            objective=Objective(objective.get("name"), objective.get("value"))
+            if isinstance(objective, Mapping)
+            else None,
+            client_acc=dict(data.get("client_acc") or {}),
+            describe=dict(data.get("describe") or {}),
+            timing=Timing(timing.get("wall_time_s"), timing.get("round_s_mean"))
+            if isinstance(timing, Mapping)
+            else None,
+            error=data.get("error"),
+        )
