@@ -19,7 +19,7 @@ from fedexp.core.types import ConfigError
 from fedexp.loggers.files import CSVLogger
 
 REPO = Path(__file__).resolve().parents[2]
-ALGORITHMS = sorted(p.stem for p in (REPO / "conf" / "algorithm").glob("*.yaml"))
+ALGORITHMS = sorted(p.stem for p in (REPO / "conf" / "algorithm").glob("[!_]*.yaml"))
 BASE = ("rounds=3", "eval_every=1", "checkpoint_every=0")
 
 
