@@ -102,3 +102,11 @@ def partition_dataset(
         cache_dir=cache_dir,
         cache_key=cache_key,
     )
+
+
+def wandb_options(**overrides) -> dict:
+    """The keyword arguments `conf/logger/wandb.yaml` gives `WandbLogger`, updated with
+    `overrides`."""
+    node = OmegaConf.to_container(OmegaConf.load(CONF / "logger" / "wandb.yaml"))["wandb"]
+    node.pop("_target_")
+    return {**node, **overrides}

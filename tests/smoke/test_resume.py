@@ -12,6 +12,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from components import wandb_options
 from conftest import main_in_process
 from fedexp.core.checkpoint import CHECKPOINT_FILE
 from fedexp.core.run_dir import LOCK_FILE
@@ -112,11 +113,11 @@ def test_the_wandb_run_id_survives_a_resume(compose_cfg, lifecycle, tmp_path, mo
     monkeypatch.setenv("WANDB_SILENT", "true")
     cfg = compose_cfg(*BASE)
     run_dir = tmp_path / "w"
-    first = WandbLogger(run_dir, mode="offline")
+    first = WandbLogger(run_dir, **wandb_options(mode="offline"))
     lifecycle.run(cfg, run_dir, callbacks=[lifecycle.SignalAfter(1)], loggers=[first])
     saved = torch.load(run_dir / CHECKPOINT_FILE, weights_only=True)["loggers"]
     run_id = saved["WandbLogger"]["run_id"]
-    second = WandbLogger(run_dir, mode="offline")
+    second = WandbLogger(run_dir, **wandb_options(mode="offline"))
     lifecycle.run(cfg, run_dir, resume=True, loggers=[second])
     assert second.resume_id == run_id
     runs = sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+from components import wandb_options
 from fedexp.loggers import wandb_logger
 from fedexp.loggers.wandb_logger import WandbLogger
 
@@ -20,7 +21,9 @@ def test_an_unreachable_server_costs_the_init_timeout_then_the_run_goes_on_offli
     monkeypatch.setenv("WANDB_MODE", "online")
     monkeypatch.setenv("WANDB_SILENT", "true")
     cfg = compose_cfg("rounds=2", "eval_every=1")
-    first, second = (WandbLogger(tmp_path / d, init_timeout=2) for d in ("one", "two"))
+    first, second = (
+        WandbLogger(tmp_path / d, **wandb_options(init_timeout=2)) for d in ("one", "two")
+    )
     assert first.mode == "online"  # an API key is set: online is what the user asked for
     start = time.monotonic()
     with caplog.at_level("WARNING", logger=wandb_logger.__name__):

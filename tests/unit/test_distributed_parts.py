@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from components import yaml_options
 from fedexp.core.distributed import DistributedExecutor, prepare_rank, shard, to_device
 from fedexp.core.types import ClientResult, ConfigError, Weights
 
@@ -29,7 +30,7 @@ def test_outside_torchrun_nothing_changes(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert prepare_rank(["a=1"]) == ["a=1"]
     with pytest.raises(ConfigError, match="torchrun"):
-        DistributedExecutor()
+        DistributedExecutor(**yaml_options("executor", "distributed", device="auto"))
 
 
 def test_ranks_above_zero_write_to_a_scratch_dir(monkeypatch):

@@ -132,5 +132,5 @@ def test_batchnorm_running_stats_are_refused():
 
 
 def test_auto_is_sequential_on_cpu_and_vectorized_on_cuda():
-    assert isinstance(auto_executor(device="cpu"), SequentialExecutor)
-    assert isinstance(auto_executor(device="cuda"), VectorizedExecutor)
+    assert isinstance(auto_executor(device="cpu", chunk_size=None), SequentialExecutor)
+    assert isinstance(auto_executor(device="cuda", chunk_size=None), VectorizedExecutor)

@@ -117,11 +117,11 @@ class DistributedExecutor:
 
     def __init__(
         self,
-        inner: str = "auto",
-        device: str = "auto",
-        chunk_size: int | None = None,
-        backend: str = "auto",
-        timeout_s: float = 1800.0,
+        inner: str,
+        device: str,
+        chunk_size: int | None,
+        backend: str,
+        timeout_s: float,
     ):
         rank, size = world()
         if "RANK" not in os.environ:

@@ -196,6 +196,6 @@ def executor_named(
     raise ConfigError(f"{key}: must be auto, sequential or vectorized, got {name!r}")
 
 
-def auto_executor(device: str = "auto", chunk_size: int | None = None):
+def auto_executor(device: str, chunk_size: int | None):
     """executor=auto: vectorized when training runs on CUDA, sequential on the CPU."""
     return executor_named("auto", device, chunk_size)

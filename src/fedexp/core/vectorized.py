@@ -131,7 +131,7 @@ class VectorizedExecutor:
         chunk_size: at most this many clients per vmapped call (bounds GPU memory); None: all.
     """
 
-    def __init__(self, chunk_size: int | None = None):
+    def __init__(self, chunk_size: int | None):
         if chunk_size is not None and chunk_size < 1:
             raise ConfigError(f"executor.chunk_size: must be >= 1 or null, got {chunk_size}")
         self.chunk_size = chunk_size

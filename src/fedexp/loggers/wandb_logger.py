@@ -25,11 +25,11 @@ class WandbLogger(Logger):
     def __init__(
         self,
         run_dir: str | Path,
-        project: str = "fedexp",
-        entity: str | None = None,
-        mode: str | None = None,
-        tags: list[str] | None = None,
-        init_timeout: float = 15.0,
+        project: str,
+        entity: str | None,
+        mode: str | None,
+        tags: list[str] | None,
+        init_timeout: float,
     ):
         if init_timeout <= 0:
             from fedexp.core.types import ConfigError
