@@ -25,6 +25,7 @@ REQUIRES: dict[tuple[str, str], tuple[str, ...]] = {
     ("partition", "natural"): ("dataset=synthetic",),
     ("model", "cnn_family"): ("algorithm=fedhenn", "algorithm.variant=heterogeneous"),
     ("model", "lstm"): ("dataset=sent140",),
+    ("dataset", "hf"): ("dataset.path=someone/images", "dataset.image_key=img"),
     ("model", "lstm_family"): ("dataset=sent140",),
     ("model", "lightning"): ("model._target_=lightning_docs_model.LitBodyHead",),
     ("aggregator", "rank_vote"): ("algorithm=frl",),

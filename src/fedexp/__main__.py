@@ -112,6 +112,10 @@ def _execute(
             instantiate_logger(node, run_dir, f"logger.{key}")
             for key, node in (cfg.logger or {}).items()
         ]
+        if multirun:  # a trial of an Optuna study (hydra/sweeper=optuna_study) reports each round
+            from fedexp.core.pruning import trial_pruner
+
+            loggers += [p for p in [trial_pruner(experiment.objective)] if p is not None]
     except ConfigError as err:
         print(f"fedexp: error: {err}", file=sys.stderr)
         if multirun:  # this job fails; the sweep goes on with the others

@@ -31,6 +31,7 @@ from fedexp.core.client_store import ClientStore
 from fedexp.core.config import build
 from fedexp.core.local import ClientConfig
 from fedexp.core.orchestrator import Orchestrator
+from fedexp.core.pruning import Pruned
 from fedexp.core.resume import Checkpointer
 from fedexp.core.signals import Interrupted
 from fedexp.core.summary import Objective, RunSummary, Timing
@@ -339,6 +340,9 @@ def run(
         except Interrupted as err:
             status, stop_signal = "interrupted", signal.Signals(err.signum).name
             log.warning("%s; resume with: python -m fedexp resume=%s", err, c.run_dir)
+        except Pruned as err:  # an Optuna pruner stopped this trial (hydra/sweeper=optuna_study)
+            status = "pruned"
+            log.info("%s", err)
     wall = time.perf_counter() - start
     final = {k: v for k, v in orch.last_eval.items() if not k.startswith("time/")}
     final.update(c.data.coverage)

@@ -139,7 +139,8 @@ class RunDirGuard(Callback):
         try:
             claim(sweep_dir, fresh=False, key="hydra.sweep.dir")
             jobs = [p.parent.name for p in sweep_dir.glob("*/.hydra")]
-            if (sweep_dir / "multirun.yaml").exists() or jobs:
+            resumable = (sweep_dir / "optuna.db").exists()  # a stored Optuna study continues
+            if ((sweep_dir / "multirun.yaml").exists() or jobs) and not resumable:
                 release(sweep_dir)
                 raise ConfigError(
                     f"hydra.sweep.dir: {sweep_dir} already holds a sweep; choose another dir "

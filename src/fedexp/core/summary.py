@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-STATUSES = ("completed", "diverged", "interrupted", "config_error")
+STATUSES = ("completed", "diverged", "interrupted", "pruned", "config_error")
 
 
 @dataclass(frozen=True)
@@ -31,9 +31,10 @@ class RunSummary:
     """A run's summary.
 
     Attributes:
-        status: completed, diverged, interrupted, or config_error (a sweep job refused before
-            building anything; then only `error`, `rounds_completed`, `metrics`, `choices` and
-            `config` are meaningful, and only they are written).
+        status: completed, diverged, interrupted, pruned (by an Optuna pruner), or config_error
+            (a sweep job refused before building anything; then only `error`,
+            `rounds_completed`, `metrics`, `choices` and `config` are meaningful, and only
+            they are written).
         rounds_completed: rounds run to the end (a diverged round is not).
         metrics: the metrics of the last evaluated round (no time/*), data coverage and
             runtime/threads.

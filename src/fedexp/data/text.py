@@ -15,7 +15,7 @@ import csv
 import dataclasses
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -66,12 +66,14 @@ class Vocabulary:
     def index(self) -> dict[str, int]:
         return {w: i + 2 for i, w in enumerate(self.words)}
 
-    def encode(self, texts: Iterable[str], seq_len: int) -> torch.Tensor:
-        """(n, seq_len) token ids: the first seq_len tokens, padded at the end."""
+    def encode(
+        self, texts: Iterable[str], seq_len: int, split: Callable[[str], list[str]] = tokenize
+    ) -> torch.Tensor:
+        """(n, seq_len) token ids: the first seq_len tokens (`split` cuts), padded at the end."""
         index = self.index
         rows = []
         for text in texts:
-            ids = [index.get(t, UNK) for t in tokenize(text)[:seq_len]]
+            ids = [index.get(t, UNK) for t in split(text)[:seq_len]]
             rows.append(ids + [PAD] * (seq_len - len(ids)))
         return torch.tensor(rows, dtype=torch.long).reshape(-1, seq_len)
 
@@ -136,11 +138,12 @@ class Sent140Encoder:
     min_count: int
     max_vocab: int | None
     glove_path: str | None
+    split: Callable[[str], list[str]] = tokenize  # text -> tokens (words; `list`: characters)
 
     def __call__(self, dataset: Dataset, partition) -> Dataset:
         rows = dataset.train_x.numpy()  # row numbers into train_texts, aligned with train_y
         fit = rows[np.concatenate(partition.train)]
-        fit_tokens = [tokenize(self.train_texts[r]) for r in fit]
+        fit_tokens = [self.split(self.train_texts[r]) for r in fit]
         pretrained = None
         if self.glove_path:
             path = Path(self.glove_path).expanduser()
@@ -157,12 +160,14 @@ class Sent140Encoder:
             vocab = Vocabulary.fit(fit_tokens, self.min_count, self.max_vocab)
         used = np.concatenate([*partition.train, *(partition.val or []), *partition.test])
         train_x = torch.zeros(len(rows), self.seq_len, dtype=torch.long)
-        train_x[used] = vocab.encode((self.train_texts[r] for r in rows[used]), self.seq_len)
+        train_x[used] = vocab.encode(
+            (self.train_texts[r] for r in rows[used]), self.seq_len, self.split
+        )
 
         def encode_rows(x: torch.Tensor | None, texts: list[str]) -> torch.Tensor | None:
             if x is None:
                 return None
-            return vocab.encode((texts[r] for r in x.numpy()), self.seq_len)
+            return vocab.encode((texts[r] for r in x.numpy()), self.seq_len, self.split)
 
         return dataclasses.replace(
             dataset,

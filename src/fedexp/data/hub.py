@@ -1,0 +1,352 @@
+"""Any Hugging Face Hub dataset of images or text, read through the `datasets` library.
+
+`dataset.path` names a Hub dataset (`org/name`) or a local directory holding either a
+`save_to_disk` copy (a `DatasetDict` or a single `Dataset`) or parquet files (`train.parquet`,
+`train-00000-of-00001.parquet`, `data/train-*.parquet` as the Hub stores them, or a `train/`
+folder of parquet files). A Hub name is read from its local copy under `dataset.data_dir`
+(`<data_dir>/<org>___<name>`, written by `save_to_disk`); `dataset.download=true` fetches it
+first when that copy is missing. Nothing else touches the network.
+
+One column holds the input (`image_key`: images of one size, decoded to uint8 pixels and
+standardised with the training images' per-channel mean and std; or `text_key`: strings,
+tokenised to `seq_len` token ids with a vocabulary fitted on the clients' training rows only,
+as Sent140's), one the label (`label_key`: a `ClassLabel`, integers, booleans or strings; strings
+become class ids in sorted order), and optionally one the natural owner (`client_key`: a writer or
+user id, for `partition=natural`).
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedexp.data.datasets import Dataset
+from fedexp.data.files import data_error, one_line
+from fedexp.data.leaf import owner_ids
+from fedexp.data.text import Sent140Encoder, tokenize
+from fedexp.errors import ConfigError
+
+TOKENIZERS = {"word": tokenize, "char": list}
+
+
+def local_copy(data_dir: str, path: str) -> Path:
+    """Where a Hub dataset's `save_to_disk` copy lives: `<data_dir>/<org>___<name>`."""
+    return Path(data_dir).expanduser() / path.replace("/", "___")
+
+
+def _parquet_splits(root: Path) -> dict[str, list[Path]]:
+    """Parquet files under root by split: `<split>[-*].parquet` or `<split>/*.parquet`."""
+    splits: dict[str, list[Path]] = {}
+    for f in sorted(root.rglob("*.parquet")):
+        rel = f.relative_to(root).parts
+        folder = [p for p in rel[:-1] if p != "data"]
+        name = folder[-1] if folder else re.split(r"[-.]", f.name, maxsplit=1)[0]
+        splits.setdefault(name, []).append(f)
+    return splits
+
+
+def read_local(root: Path) -> dict[str, Any]:
+    """{split: datasets.Dataset} from a save_to_disk directory or parquet files under root."""
+    import datasets
+    import pyarrow.parquet as pq
+
+    if (root / "dataset_dict.json").is_file() or (root / "state.json").is_file():
+        try:
+            loaded = datasets.load_from_disk(str(root))
+        except Exception as err:
+            raise data_error(root, f"not a readable save_to_disk copy ({one_line(err)})") from None
+        return dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
+    splits = _parquet_splits(root)
+    if not splits:
+        raise ConfigError(
+            f"dataset.path: {root} holds neither a save_to_disk copy (dataset_dict.json or "
+            "state.json) nor *.parquet files"
+        )
+    found = {}
+    for name, files in splits.items():
+        tables = []
+        for f in files:
+            try:
+                tables.append(pq.read_table(f))
+            except Exception as err:
+                raise data_error(f, f"not a readable parquet file ({one_line(err)})") from None
+        found[name] = datasets.concatenate_datasets([datasets.Dataset(t) for t in tables])
+    return found
+
+
+def fetch(path: str, name: str | None, revision: str | None, target: Path) -> None:
+    """Download a Hub dataset with `datasets.load_dataset` and keep it as a save_to_disk copy."""
+    try:
+        import datasets
+
+        loaded = datasets.load_dataset(
+            path, name, revision=revision, cache_dir=str(target.parent / "hf_cache")
+        )
+        loaded.save_to_disk(str(target))
+    except Exception as err:
+        raise ConfigError(
+            f"dataset.path: download of {path} from the Hugging Face Hub failed ({one_line(err)})"
+        ) from None
+
+
+def _column(split: Any, key: str, what: str, split_name: str) -> list:
+    if key not in split.column_names:
+        raise ConfigError(
+            f"dataset.{what}: no column {key!r} in split {split_name!r} "
+            f"(columns: {', '.join(split.column_names)})"
+        )
+    return split[key]
+
+
+def _pixels(value: Any, where: str) -> np.ndarray:
+    """One image (PIL image, {'bytes': ...} dict, array or nested list) -> uint8 HW or HWC."""
+    from PIL import Image
+
+    try:
+        if isinstance(value, dict):
+            value = Image.open(io.BytesIO(value["bytes"]))
+        if isinstance(value, Image.Image):
+            value = value.convert("L" if value.mode in ("1", "L", "I", "F") else "RGB")
+        array = np.asarray(value)
+    except Exception as err:
+        raise data_error(where, f"not a readable image ({one_line(err)})") from None
+    if array.ndim not in (2, 3) or array.dtype.kind not in "uif":
+        raise data_error(where, f"not an image (an array of shape {array.shape})")
+    if array.dtype != np.uint8:
+        array = np.clip(array, 0, 255).astype(np.uint8)
+    return array
+
+
+def _images(values: list, where: str) -> np.ndarray:
+    arrays = [_pixels(v, f"{where}: row {i}") for i, v in enumerate(values)]
+    shapes = {a.shape for a in arrays}
+    if len(shapes) > 1:
+        sizes = ", ".join(sorted("x".join(map(str, s)) for s in shapes)[:4])
+        raise data_error(where, f"images of different sizes ({sizes}); resize them to one size")
+    stacked = np.stack(arrays)
+    return stacked[:, None] if stacked.ndim == 3 else stacked.transpose(0, 3, 1, 2)
+
+
+def _class_names(splits: dict[str, Any], label_key: str, used: list[str]) -> list | None:
+    """The ClassLabel names, or None when labels are plain values."""
+    feature = splits[used[0]].features.get(label_key)
+    return list(feature.names) if hasattr(feature, "names") else None
+
+
+def _encode_labels(
+    columns: list[list], names: list | None, num_classes: int | None, where: list[str]
+) -> tuple[list[np.ndarray], int]:
+    """Label columns -> int64 arrays in [0, C) and C; strings map to ids in sorted order."""
+    values = [v for column in columns for v in column]
+    if any(v is None for v in values):
+        raise ConfigError(f"dataset.label_key: a missing label (null) in {', '.join(where)}")
+    if names is not None:
+        count = len(names)
+        encoded = [np.asarray(c, dtype=np.int64) for c in columns]
+    elif values and all(isinstance(v, str) for v in values):
+        classes = sorted(set(values))
+        index = {c: i for i, c in enumerate(classes)}
+        encoded = [np.array([index[v] for v in c], dtype=np.int64) for c in columns]
+        count = len(classes)
+    else:
+        try:
+            encoded = [np.asarray(c).astype(np.int64) for c in columns]
+        except (TypeError, ValueError):
+            raise ConfigError(
+                "dataset.label_key: labels must be integers, booleans, strings or a ClassLabel"
+            ) from None
+        if any(not np.array_equal(e, np.asarray(c)) for e, c in zip(encoded, columns)):
+            raise ConfigError("dataset.label_key: labels must be whole numbers")
+        count = int(max((e.max(initial=-1) for e in encoded), default=-1)) + 1
+    if num_classes is not None:
+        if num_classes < count:
+            raise ConfigError(f"dataset.num_classes: {num_classes}, but a label is {count - 1}")
+        count = num_classes
+    if any(e.min(initial=0) < 0 for e in encoded):
+        raise ConfigError("dataset.label_key: a negative label")
+    return encoded, count
+
+
+def load_hf(
+    path: str,
+    data_dir: str,
+    label_key: str,
+    image_key: str | None,
+    text_key: str | None,
+    client_key: str | None,
+    name: str | None,
+    revision: str | None,
+    download: bool,
+    train_split: str,
+    test_split: str | None,
+    test_fraction: float,
+    num_classes: int | None,
+    tokenizer: str,
+    seq_len: int,
+    min_count: int,
+    max_vocab: int | None,
+    seed: int = 0,
+    **_,
+) -> Dataset:
+    """A Hub (or local `datasets`) dataset as a `Dataset`; see the module docstring.
+
+    Args:
+        path: a Hub name (`org/name`) or a local directory (save_to_disk or parquet).
+        data_dir: where Hub copies are kept (`<data_dir>/<org>___<name>`).
+        label_key, image_key, text_key, client_key: the columns (exactly one input column).
+        name, revision: the Hub config and revision (`download=true` only).
+        download: fetch a Hub dataset whose local copy is missing.
+        train_split, test_split: split names; a missing test split (or null) gives no pooled
+            test set, unless `test_fraction` > 0 holds that share of the training rows out.
+        num_classes: the number of classes when the labels do not show it (null: inferred).
+        tokenizer, seq_len, min_count, max_vocab: text only (`word` or `char` tokens).
+        seed: the holdout split's seed.
+    """
+    if not path or str(path) == "???":
+        raise ConfigError("dataset.path: required (a Hub name org/name or a local directory)")
+    if (image_key is None) == (text_key is None):
+        raise ConfigError("dataset.image_key: set exactly one of image_key and text_key")
+    if tokenizer not in TOKENIZERS:
+        raise ConfigError(f"dataset.tokenizer: {tokenizer!r}, expected one of word, char")
+    if text_key is not None and seq_len < 1:
+        raise ConfigError(f"dataset.seq_len: must be >= 1, got {seq_len}")
+    if not 0 <= test_fraction < 1:
+        raise ConfigError(f"dataset.test_fraction: must be in [0, 1), got {test_fraction}")
+    root = Path(str(path)).expanduser()
+    if not root.is_dir():
+        root = local_copy(data_dir, str(path))
+        if not root.is_dir():
+            if not download:
+                raise ConfigError(
+                    f"dataset.data_dir: no copy of {path} at {root} ({path} is no local "
+                    "directory either); "
+                    "set dataset.download=true on a machine with internet, or give "
+                    "dataset.path=<dir> holding a save_to_disk copy or parquet files"
+                )
+            fetch(str(path), name, revision, root)
+    splits = read_local(root)
+    if train_split not in splits:
+        raise ConfigError(
+            f"dataset.train_split: no split {train_split!r} in {root} (found {', '.join(splits)})"
+        )
+    used = [train_split] + ([test_split] if test_split in splits else [])
+    labels, count = _encode_labels(
+        [_column(splits[s], label_key, "label_key", s) for s in used],
+        _class_names(splits, label_key, used),
+        num_classes,
+        used,
+    )
+    input_key, what = (image_key, "image_key") if image_key else (text_key, "text_key")
+    inputs = [_column(splits[s], input_key, what, s) for s in used]
+    owners = None
+    if client_key is not None:
+        owners = owner_ids(
+            [str(v) for v in _column(splits[train_split], client_key, "client_key", train_split)]
+        )
+    if image_key is not None:
+        return _image_dataset(root, used, inputs, labels, count, owners, test_fraction, seed)
+    return _text_dataset(
+        root,
+        inputs,
+        labels,
+        count,
+        owners,
+        tokenizer,
+        seq_len,
+        min_count,
+        max_vocab,
+        test_fraction,
+        seed,
+    )
+
+
+def _holdout(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train rows, test rows): a seeded random `fraction` of n rows held out."""
+    rng = np.random.default_rng([seed, 7919])
+    perm = rng.permutation(n)
+    n_test = int(round(fraction * n))
+    return np.sort(perm[n_test:]), np.sort(perm[:n_test])
+
+
+def _image_dataset(root, used, inputs, labels, count, owners, test_fraction, seed) -> Dataset:
+    images = [_images(column, f"{root}: {split}") for column, split in zip(inputs, used)]
+    if len(images) > 1 and images[0].shape[1:] != images[1].shape[1:]:
+        raise data_error(root, f"{used[1]} images differ in size from the {used[0]} images")
+    train_x, train_y = images[0], labels[0]
+    test_x, test_y = (images[1], labels[1]) if len(images) > 1 else (None, None)
+    if test_x is None and test_fraction > 0:
+        keep, held = _holdout(len(train_y), test_fraction, seed)
+        test_x, test_y = train_x[held], train_y[held]
+        train_x, train_y = train_x[keep], train_y[keep]
+        owners = owners[keep] if owners is not None else None
+    # per-channel statistics of the training images (the pooled test set is scaled alike)
+    pixels = train_x.astype(np.float64) / 255.0
+    mean = pixels.mean(axis=(0, 2, 3))
+    std = np.maximum(pixels.std(axis=(0, 2, 3)), 1e-6)
+
+    def scale(x: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(x).float().div_(255.0)
+        m = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
+        s = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
+        return (t - m) / s
+
+    return Dataset(
+        root.name,
+        scale(train_x),
+        torch.from_numpy(train_y),
+        scale(test_x) if test_x is not None else None,
+        torch.from_numpy(test_y) if test_y is not None else None,
+        count,
+        tuple(train_x.shape[1:]),
+        train_client_ids=owners,
+    )
+
+
+def _texts(column: list, where: str) -> list[str]:
+    for i, v in enumerate(column):
+        if not isinstance(v, str):
+            raise data_error(where, f"row {i} is a {type(v).__name__}, expected a string")
+    return column
+
+
+def _text_dataset(
+    root,
+    inputs,
+    labels,
+    count,
+    owners,
+    tokenizer,
+    seq_len,
+    min_count,
+    max_vocab,
+    test_fraction,
+    seed,
+) -> Dataset:
+    texts = _texts(inputs[0], f"{root}: text")
+    test_texts = _texts(inputs[1], f"{root}: test text") if len(inputs) > 1 else []
+    train_y = labels[0]
+    test_y = labels[1] if len(labels) > 1 else None
+    if test_y is None and test_fraction > 0:
+        keep, held = _holdout(len(train_y), test_fraction, seed)
+        test_texts, test_y = [texts[i] for i in held], train_y[held]
+        texts, train_y = [texts[i] for i in keep], train_y[keep]
+        owners = owners[keep] if owners is not None else None
+    encoder = Sent140Encoder(
+        texts, test_texts, seq_len, min_count, max_vocab, None, TOKENIZERS[tokenizer]
+    )
+    return Dataset(
+        root.name,
+        torch.arange(len(train_y)),  # row numbers until `prepare` fits the vocabulary
+        torch.from_numpy(train_y),
+        torch.arange(len(test_y)) if test_y is not None else None,
+        torch.from_numpy(test_y) if test_y is not None else None,
+        count,
+        (seq_len,),
+        train_client_ids=owners,
+        prepare=encoder,
+    )

@@ -1,0 +1,187 @@
+"""A Hydra sweeper around a persistent Optuna study, with pruning on the per-round objective.
+
+`hydra/sweeper=optuna_study` (conf/hydra/sweeper/optuna_study.yaml) keeps the study in SQLite
+(`<sweep dir>/optuna.db` unless `storage` names another database), so a search killed midway
+continues where it stopped when run again with the same `hydra.sweep.dir`: finished trials stay,
+a trial the kill interrupted is marked failed and its parameters are tried again. Each trial is
+one job whose number is the trial's number (its run dir is `<sweep dir>/<trial number>`); the run
+reports its `objective` after every evaluated round (`fedexp.core.pruning.TrialPruner`) and the
+study's `pruner` may stop it there. The search space uses the Hydra sweep syntax:
+`interval(a, b)`, `tag(log, interval(a, b))` (ints when both ends are ints), `choice(...)`,
+`range(...)`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import IntervalSweep, Override
+from hydra.core.plugins import Plugins
+from hydra.plugins.sweeper import Sweeper
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
+from optuna.trial import TrialState
+
+from fedexp.core.pruning import study_name, study_storage
+
+log = logging.getLogger(__name__)
+INTERRUPTED = "interrupted"  # user attribute of a trial a killed sweep left running
+
+
+def distribution(override: Override) -> BaseDistribution:
+    """The Optuna distribution of one sweep override (`interval`, `choice`, `range`)."""
+    value = override.value()
+    if isinstance(value, IntervalSweep):
+        log_scale = "log" in value.tags
+        if isinstance(value.start, int) and isinstance(value.end, int):
+            return IntDistribution(value.start, value.end, log=log_scale)
+        return FloatDistribution(float(value.start), float(value.end), log=log_scale)
+    return CategoricalDistribution(list(override.sweep_iterator()))
+
+
+class OptunaStudySweeper(Sweeper):
+    """Hydra sweeper: ask a stored Optuna study for trials, run them, tell it the results.
+
+    Args:
+        sampler: an `optuna.samplers.BaseSampler` (instantiated by Hydra from its config).
+        pruner: an `optuna.pruners.BasePruner`, or None: no trial is stopped early.
+        direction: `maximize` or `minimize` the runs' `objective`.
+        study_name: the study's name in the storage (null: `fedexp`).
+        storage: an Optuna storage URL; null: SQLite `optuna.db` in the sweep dir.
+        n_trials: trials to finish, counting those of earlier runs of the same study.
+        n_jobs: trials launched at once (the launcher runs them, e.g. hydra/launcher=parallel).
+        params: the search space, `{key: "interval(a, b)"}` and the like.
+    """
+
+    def __init__(
+        self,
+        sampler: Any,
+        pruner: Any,
+        direction: str,
+        study_name: str | None,
+        storage: str | None,
+        n_trials: int,
+        n_jobs: int,
+        params: dict | None,
+        **_: Any,
+    ) -> None:
+        self.sampler, self.pruner, self.direction = sampler, pruner, direction
+        self.study_name = study_name
+        self.storage = storage
+        self.n_trials, self.n_jobs = int(n_trials), max(1, int(n_jobs))
+        self.params = dict(params or {})
+
+    def setup(
+        self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
+    ) -> None:
+        self.config = config
+        self.launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config
+        )
+
+    def _space(self, arguments: list[str]) -> tuple[dict[str, BaseDistribution], list[str]]:
+        parser = OverridesParser.create()
+        space: dict[str, BaseDistribution] = {}
+        fixed: list[str] = []
+        lines = [f"{k}={v}" for k, v in self.params.items()]
+        for override in parser.parse_overrides(lines) + parser.parse_overrides(arguments):
+            key = override.get_key_element()
+            if override.is_sweep_override():
+                space[key] = distribution(override)
+            else:
+                space.pop(key, None)
+                fixed.append(override.input_line)
+        return space, fixed
+
+    def _load(self, storage: str) -> optuna.Study:
+        study = optuna.create_study(
+            study_name=self.study_name or study_name({}),
+            storage=storage,
+            sampler=self.sampler,
+            pruner=self.pruner,
+            direction=self.direction,
+            load_if_exists=True,
+        )
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            # left running by a killed sweep: failed, and its parameters tried again
+            study._storage.set_trial_user_attr(trial._trial_id, INTERRUPTED, True)
+            study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+            study.enqueue_trial(trial.params, skip_if_exists=False)
+            log.info("trial %d was interrupted; its parameters are queued again", trial.number)
+        return study
+
+    def sweep(self, arguments: list[str]) -> None:
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        storage = self.storage or study_storage(str(sweep_dir))
+        study = self._load(storage)
+        space, fixed = self._space(arguments)
+        name = study.study_name
+        # every job finds its study whatever `${now:}` gives in its process
+        fixed += [f"hydra.sweeper.storage='{storage}'", f"hydra.sweeper.study_name='{name}'"]
+        while (left := self.n_trials - finished(study)) > 0:
+            trials = [study.ask(space) for _ in range(min(self.n_jobs, left))]
+            jobs = [
+                [
+                    *fixed,
+                    *(
+                        f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
+                        for k, v in t.params.items()
+                    ),
+                ]
+                for t in trials
+            ]
+            returns = self.launcher.launch(jobs, initial_job_idx=trials[0].number)
+            for trial, ret in zip(trials, returns):
+                tell(study, trial, ret)
+        write_results(study, sweep_dir)
+
+
+def finished(study: optuna.Study) -> int:
+    """Trials that ran to an end (complete, pruned or failed; not those a kill interrupted)."""
+    done = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+    return sum(
+        1 for t in study.get_trials(deepcopy=False, states=done) if INTERRUPTED not in t.user_attrs
+    )
+
+
+def tell(study: optuna.Study, trial: optuna.Trial, ret: Any) -> None:
+    """Record one job's end: pruned (the run said so), failed (no finite value), or its value."""
+    attrs = study._storage.get_trial(trial._trial_id).user_attrs
+    if "pruned_round" in attrs:
+        study.tell(trial, state=TrialState.PRUNED)
+        return
+    try:
+        value = ret.return_value
+    except Exception:  # the job raised; Hydra keeps the exception in its return
+        value = None
+    if value is None or not math.isfinite(float(value)):
+        study.tell(trial, state=TrialState.FAIL)
+    else:
+        study.tell(trial, float(value))
+
+
+def write_results(study: optuna.Study, sweep_dir: Path) -> None:
+    """`<sweep dir>/optimization_results.yaml`: the best trial's parameters and value."""
+    results: dict[str, Any] = {"name": "optuna", "study_name": study.study_name}
+    try:
+        best = study.best_trial
+        results.update(best_params=dict(best.params), best_value=float(best.value))
+    except ValueError:  # no trial completed
+        results.update(best_params={}, best_value=None)
+    counts = {s.name.lower(): len(study.get_trials(states=(s,))) for s in TrialState}
+    results["trials"] = {k: v for k, v in counts.items() if v}
+    (sweep_dir / "optimization_results.yaml").write_text(yaml.safe_dump(results, sort_keys=False))
+    log.info("best: %s", results)
