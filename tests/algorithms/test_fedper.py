@@ -1,6 +1,5 @@
 import copy
 
-import numpy as np
 import torch
 
 from components import with_yaml
@@ -10,22 +9,10 @@ from fedexp.core.client import ClientModule
 from fedexp.core.executors import SequentialExecutor, train_local
 from fedexp.core.seeding import client_generator
 from fedexp.core.types import RoundContext
-from fedexp.data.datasets import Dataset
-from fedexp.data.federated import FederatedData
-from fedexp.data.partition import Partition
 from fedexp.metrics.comm import FLOAT_BITS
-from handworld import make_ctx, small_mlp
+from handworld import make_ctx, one_client_data, small_mlp
 
 FedPer = with_yaml(FedPer, "algorithm", "fedper")
-
-
-def one_client_data(n=5):
-    """One client with `n` samples of a 2-feature, 2-class task (batches of 2: a short one)."""
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(n, 2, generator=g)
-    y = (x[:, 0] > 0).long()
-    ds = Dataset("hand", x, y, x.clone(), y.clone(), 2, (2,))
-    return FederatedData(ds, Partition([np.arange(n)], [np.arange(n)]), torch.device("cpu"))
 
 
 def rounds(algo, data, num_rounds, clients=(0,)):
