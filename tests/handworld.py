@@ -48,6 +48,15 @@ def two_client_data():
     return FederatedData(ds, part, torch.device("cpu"))
 
 
+def one_client_data(n=5):
+    """One client with `n` samples of a 2-feature, 2-class task (batches of 2: a short one)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 2, generator=g)
+    y = (x[:, 0] > 0).long()
+    ds = Dataset("hand", x, y, x.clone(), y.clone(), 2, (2,))
+    return FederatedData(ds, Partition([np.arange(n)], [np.arange(n)]), torch.device("cpu"))
+
+
 def make_ctx(data, factory=zero_linear, seed=0, **client_kw) -> BuildContext:
     return BuildContext(
         model_factory=factory,

@@ -117,6 +117,9 @@ class ClientModule(nn.Module):
         self.client = client
         self.generator: torch.Generator | None = None  # the client's own stream, set per client
         self._phase_params: tuple[nn.Parameter, ...] = tuple(model.parameters())
+        # the name of the phase being trained (`Phase.name`), set by every executor before the
+        # phase's steps: an objective with several phases may branch on it in `training_step`
+        self.current_phase: str | None = None
         self._optimizer_spec = client.optimizer_spec
         self._local_epochs = client.local_epochs
         self._log_capture = LogCapture()
@@ -136,13 +139,21 @@ class ClientModule(nn.Module):
             self.__dict__["_objective_of"] = self.model
         return self.__dict__["_user_objective"]
 
-    def task_loss(self, batch, batch_idx: int = 0) -> torch.Tensor:
-        """The task's loss on `batch`: the model's own `training_step` when it has one (a
-        LightningModule of the user's), else cross-entropy of its logits."""
-        if self.user_objective():
-            return step_loss(self.model, batch, batch_idx)
+    def task_loss(self, batch, batch_idx: int = 0, model: nn.Module | None = None) -> torch.Tensor:
+        """The task's loss of `model` (default: this module's model) on `batch`: the model's own
+        `training_step` when it has one (a LightningModule of the user's), else cross-entropy of
+        its logits. Another model (e.g. a personal twin of the same class) logs into this
+        module's capture too."""
+        if model is None or model is self.model:
+            model, user = self.model, self.user_objective()
+        else:
+            user = is_user_objective(model)
+            if user:
+                route_logs(model, self._log_capture)
+        if user:
+            return step_loss(model, batch, batch_idx)
         x, y = batch
-        return F.cross_entropy(self.model(x), y)
+        return F.cross_entropy(model(x), y)
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         return self.task_loss(batch, batch_idx)
@@ -173,6 +184,7 @@ class ClientModule(nn.Module):
 
     def start_phase(self, phase: Phase) -> None:
         """Freeze everything but the phase's parameters."""
+        self.current_phase = phase.name
         keep = {id(p) for p in phase.params}
         for p in self.model_params():
             if p.requires_grad != (id(p) in keep):

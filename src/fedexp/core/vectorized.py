@@ -233,6 +233,7 @@ class VectorizedExecutor:
         vars(module).update(shared_attrs)
         try:
             for k, phase in enumerate(runs[0].phases):
+                module.current_phase = phase.name  # as `start_phase` sets it sequentially
                 trainable = set(phase.param_names)
                 optim = FunctionalOptimizer(runs[0].optim_specs[k])
                 idx, valid, active = _schedule(runs, k, offsets, batch_size)
