@@ -37,6 +37,14 @@ def composed(*overrides: str):
         (("attack=agr_tailored", "attack.target=median"), "attack.target"),
         (("attack=lie", "attack.knowledge=some"), "attack.knowledge"),
         (("attack.fraction=0.2",), "attack.fraction: 0.2 with attack=none"),
+        (
+            ("algorithm=centralised", "attack=label_flip", "attack.fraction=0.2"),
+            "label_flip needs clients that train and upload; Centralised trains on the server",
+        ),
+        (
+            ("algorithm=centralised", "attack=scaling", "attack.fraction=0.2"),
+            "scaling needs clients that train",
+        ),
     ],
 )
 def test_bad_combinations_fail_before_training(overrides, message, tmp_path, monkeypatch):

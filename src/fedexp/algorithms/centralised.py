@@ -13,8 +13,8 @@ per client.
 
 Clients train nothing (an idle module with no phases) and nothing is communicated: the data is
 assumed pooled, so comm bits are 0 each way and there is no upload to rebuild a model from.
-The server trains on the clean pooled data: data-poisoning attacks act on what clients train
-on, and have no effect here. Only global metrics are reported. Randomness (shuffles, dropout)
+The server trains on the clean pooled data, so every attack (they act on what clients train
+on or upload) is refused before training (`clients_train = False`). Only global metrics are reported. Randomness (shuffles, dropout)
 is a function of (seed, round), so a resumed run continues exactly.
 """
 
@@ -46,6 +46,7 @@ class Centralised(Algorithm):
     """One model trained by the server on the round's sampled clients' data, pooled."""
 
     upload_type = Nothing
+    clients_train = False  # an attack on clients is refused before training
 
     def __init__(self, ctx: BuildContext):
         super().__init__(ctx)

@@ -100,6 +100,11 @@ class Attack(NoAttack):
         self.malicious = frozenset(int(c) for c in rng.choice(num_clients, count, replace=False))
 
     def check_target(self, algorithm) -> None:
+        if not getattr(algorithm, "clients_train", True):  # e.g. a server-side reference
+            raise ConfigError(
+                f"attack: {self.name} needs clients that train and upload; "
+                f"{type(algorithm).__name__} trains on the server only"
+            )
         upload = getattr(algorithm, "upload_type", None)
         if self.targets is None or capabilities(upload) & set(self.targets):
             return
