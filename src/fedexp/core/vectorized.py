@@ -136,6 +136,15 @@ class VectorizedExecutor:
             raise ConfigError(f"executor.chunk_size: must be >= 1 or null, got {chunk_size}")
         self.chunk_size = chunk_size
 
+    def check_algorithm(self, algorithm: Algorithm, num_clients: int) -> None:
+        """Raise ConfigError before any training when a client module cannot be vmapped."""
+        seen: set[int] = set()
+        for cid in range(num_clients):
+            module = algorithm.client_module(cid)
+            if id(module) not in seen:
+                seen.add(id(module))
+                _check_vmappable(module)
+
     def run(
         self, algorithm: Algorithm, payloads: Mapping[int, Message], ctx: RoundContext, data
     ) -> list[ClientResult]:
