@@ -177,6 +177,7 @@ class VectorizedExecutor:
                     b.copy_(run.state[name])
             vars(module).update(run.attrs)
             module.generator = run.generator
+            module.set_local_data((run.x, run.y))
             phases = tuple(PhaseTraining(p.name, len(p.orders), p.steps, p.lrs) for p in run.phases)
             training = LocalTraining(steps, len(run.y), loss, phases)
             results.append(
@@ -190,7 +191,7 @@ class VectorizedExecutor:
     ) -> _ClientRun:
         global_seed, generator = client_streams(ctx.seed, ctx.round, cid)
         x, y = data.train(cid)
-        module = begin_client(algorithm, cid, payload, global_seed, generator)
+        module = begin_client(algorithm, cid, payload, global_seed, generator, (x, y))
         module.train()
         names = {id(p): n for n, p in module.named_parameters()}
         phases, specs = [], []
