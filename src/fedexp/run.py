@@ -265,6 +265,9 @@ def build_components(cfg: DictConfig, run_dir: str | Path, resume: bool = False)
     attack.check_target(algorithm)
     attack.setup(ctx, cfg.num_clients)
     executor = build(cfg.executor, "executor")
+    check_executor = getattr(executor, "check_algorithm", None)
+    if check_executor is not None:  # what the executor cannot train is refused before training
+        check_executor(algorithm, data.num_clients)
     # audits watch the run at its evaluations (privacy=mia, ...)
     audits = [build(cfg.privacy, "privacy", ctx=ctx)] if cfg.get("privacy") else []
     return Components(

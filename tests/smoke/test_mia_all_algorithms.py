@@ -1,6 +1,6 @@
 """privacy=mia runs to the end with every algorithm: a metric where an eavesdropper can rebuild a
 model from one upload, no metric where it cannot (FedHeNN heterogeneous: only representations
-travel; local, centralised: nothing travels)."""
+travel; FedProto: only class prototypes; local, centralised: nothing travels)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,12 @@ import pytest
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 ALGORITHMS = sorted(p.stem for p in (CONF / "algorithm").glob("[!_]*.yaml"))
-NO_EAVESDROPPED_MODEL = {("fedhenn", "heterogeneous"), ("local", None), ("centralised", None)}
+NO_EAVESDROPPED_MODEL = {
+    ("fedhenn", "heterogeneous"),
+    ("fedproto", None),
+    ("local", None),
+    ("centralised", None),
+}
 CASES = [(a, None) for a in ALGORITHMS] + [("fedhenn", "heterogeneous")]
 
 

@@ -123,6 +123,7 @@ class ClientModule(nn.Module):
         self._optimizer_spec = client.optimizer_spec
         self._local_epochs = client.local_epochs
         self._log_capture = LogCapture()
+        self._local_data: tuple[torch.Tensor, torch.Tensor] | None = None
         check_model(type(self).__name__, self.uses_task_loss, model, client.optimizer)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -166,6 +167,16 @@ class ClientModule(nn.Module):
 
     def log_dict(self, dictionary, *args, **kwargs) -> None:
         self._log_capture.log_dict(dictionary, *args, **kwargs)
+
+    @property
+    def local_data(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(x, y): the training data of the client this module is training now, set by the
+        executor before `client_begin` and `client_end` (e.g. to measure the received model's
+        loss, or class statistics of the trained one); None outside a client's round."""
+        return self._local_data
+
+    def set_local_data(self, data: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+        self._local_data = data
 
     @property
     def log_capture(self) -> LogCapture:

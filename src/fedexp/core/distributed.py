@@ -140,6 +140,12 @@ class DistributedExecutor:
         self.rank, self.size = rank, size
         self.inner = executor_named(inner, device, chunk_size, key="executor.inner")
 
+    def check_algorithm(self, algorithm: Algorithm, num_clients: int) -> None:
+        """The inner executor's check of what it can train (none for sequential)."""
+        check = getattr(self.inner, "check_algorithm", None)
+        if check is not None:
+            check(algorithm, num_clients)
+
     def run(
         self, algorithm: Algorithm, payloads: Mapping[int, Message], ctx: RoundContext, data
     ) -> list[ClientResult]:

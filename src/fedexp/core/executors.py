@@ -71,13 +71,15 @@ def begin_client(
     payload: Message,
     global_seed: int,
     generator: torch.Generator,
+    data: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> ClientModule:
     """The first half of every client's local training, in this order: seed torch's global RNG,
-    get the client's module, give it its generator, `client_begin`. Returns the module, ready
-    to train."""
+    get the client's module, give it its generator and its training `data` (x, y),
+    `client_begin`. Returns the module, ready to train."""
     seed_global_rng(global_seed, algorithm.device)
     module = algorithm.client_module(client_id)
     module.generator = generator
+    module.set_local_data(data)
     algorithm.client_begin(module, client_id, payload)
     return module
 
@@ -114,7 +116,7 @@ def run_client(
 ) -> ClientResult:
     """One client's whole local round on (x, y): `begin_client`, `train_local` with the
     algorithm's client settings, `finish_client`."""
-    module = begin_client(algorithm, client_id, payload, global_seed, generator)
+    module = begin_client(algorithm, client_id, payload, global_seed, generator, (x, y))
     batch_size = algorithm.ctx.client.batch_size
     training = train_local(module, x, y, batch_size, module.generator, batch_transform)
     return finish_client(algorithm, module, client_id, payload, training)

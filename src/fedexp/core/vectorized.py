@@ -136,6 +136,15 @@ class VectorizedExecutor:
             raise ConfigError(f"executor.chunk_size: must be >= 1 or null, got {chunk_size}")
         self.chunk_size = chunk_size
 
+    def check_algorithm(self, algorithm: Algorithm, num_clients: int) -> None:
+        """Raise ConfigError before any training when a client module cannot be vmapped."""
+        seen: set[int] = set()
+        for cid in range(num_clients):
+            module = algorithm.client_module(cid)
+            if id(module) not in seen:
+                seen.add(id(module))
+                _check_vmappable(module)
+
     def run(
         self, algorithm: Algorithm, payloads: Mapping[int, Message], ctx: RoundContext, data
     ) -> list[ClientResult]:
@@ -168,6 +177,7 @@ class VectorizedExecutor:
                     b.copy_(run.state[name])
             vars(module).update(run.attrs)
             module.generator = run.generator
+            module.set_local_data((run.x, run.y))
             phases = tuple(PhaseTraining(p.name, len(p.orders), p.steps, p.lrs) for p in run.phases)
             training = LocalTraining(steps, len(run.y), loss, phases)
             results.append(
@@ -181,7 +191,7 @@ class VectorizedExecutor:
     ) -> _ClientRun:
         global_seed, generator = client_streams(ctx.seed, ctx.round, cid)
         x, y = data.train(cid)
-        module = begin_client(algorithm, cid, payload, global_seed, generator)
+        module = begin_client(algorithm, cid, payload, global_seed, generator, (x, y))
         module.train()
         names = {id(p): n for n, p in module.named_parameters()}
         phases, specs = [], []

@@ -43,6 +43,7 @@ def cnn_family(
     channels: tuple[int, ...],
     hidden: tuple[int, ...],
     kernel_size: int,
+    min_fc_layers: int,
     arch: int | None = None,
 ) -> BodyHead:
     """Architecture `arch` of FedHeNN's heterogeneous CNNs: 1 conv + 1 FC up to 3 conv + 3 FC.
@@ -51,6 +52,8 @@ def cnn_family(
     fully connected layers before the head take the last entries of `hidden`, so archs with 2 or
     3 FC layers share the representation width hidden[-1]; arch 0 represents with its flattened
     conv features. The head is the last FC layer; the representation is everything before it.
+    `min_fc_layers=2` gives every arch at least one FC layer before the head, so all archs
+    represent with width hidden[-1] (algorithms that compare representations, e.g. FedProto).
     """
     if arch is None:
         raise ConfigError(
@@ -62,7 +65,10 @@ def cnn_family(
     layouts = family_layouts(num_archs)
     if not 0 <= arch < num_archs:
         raise ValueError(f"arch must be in [0, {num_archs}), got {arch}")
+    if min_fc_layers not in (1, 2):
+        raise ConfigError(f"model.min_fc_layers: must be 1 or 2, got {min_fc_layers}")
     num_conv, num_fc = layouts[arch]
+    num_fc = max(num_fc, min_fc_layers)
     if num_conv > len(channels) or num_fc - 1 > len(hidden):
         raise ConfigError("model.channels/hidden: too few entries for the largest architecture")
     layers: list[nn.Module] = []
