@@ -40,7 +40,7 @@ def test_a_sweep_prints_its_grouped_table_and_writes_its_report(tmp_path, monkey
                 values.append(summary["objective"]["value"])
         assert len(values) == 2
         cell = f"{statistics.fmean(values):.4f} ± {statistics.pstdev(values):.4f}"
-        row = next(line for line in out.splitlines() if f"client.lr={lr} " in line)
+        row = next(ln for ln in out.splitlines() if f"client.lr={lr} " in ln and "±" in ln)
         assert cell in row, (cell, row)
 
 
