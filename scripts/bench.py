@@ -6,6 +6,8 @@
         --executors sequential,vectorized             # the full pfl-research workload on a GPU
     python scripts/bench.py --workload threads       # threads=auto vs every fixed thread count,
                                                      # idle and under a background load
+    python scripts/bench.py --workload startup       # --help, --cfg job, completion, a config
+                                                     # error, the first progress line vs torch
 
 Each workload runs through fedexp's real path (config composed by Hydra, `Experiment` building
 data, model, algorithm and executor, `Orchestrator` driving the rounds, evaluation only where the
@@ -343,7 +345,9 @@ def report(r: dict, executors: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workload", default="all", choices=["all", "threads", *WORKLOADS])
+    parser.add_argument(
+        "--workload", default="all", choices=["all", "threads", "startup", *WORKLOADS]
+    )
     parser.add_argument("--full", action="store_true", help="the full size named in issue 7")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--executors", default="sequential", help="comma list of fedexp executors")
@@ -357,6 +361,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
     executors = args.executors.split(",")
+    if args.workload == "startup":
+        from bench_startup import bench_startup
+
+        return bench_startup(args.reps, args.json)
     if args.workload == "threads":
         from bench_threads import bench_threads
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import os
 import shutil
 import signal
 import sys
@@ -17,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from fedexp.core.config import find_conf
 from fedexp.core.summary import RunSummary
-from fedexp.core.types import ConfigError
+from fedexp.errors import ConfigError
 
 EXIT_CONFIG, EXIT_DIVERGED = 2, 3
 TABLE_KEYS = (
@@ -38,12 +39,52 @@ TABLE_KEYS = (
 )
 
 
-def print_table(summary: RunSummary, choices: dict) -> None:
+# overrides left out of the final table's title: the choices it names, and keys that never
+# change a result (any key under them too)
+TITLED = ("algorithm", "dataset")
+UNTITLED = ("progress", "device", "logger", "paths", "resume", "threads", "checkpoint_every")
+UNTITLED += ("client_store", "hydra")
+
+
+def run_title(choices: dict, overrides: list[str] | tuple[str, ...] = ()) -> str:
+    """`fedprox on cifar10 (algorithm.mu=0.01 seed=1)`: the algorithm, the dataset and the
+    command-line overrides that can change a result."""
+    shown = []
+    for override in overrides:
+        key = override.lstrip("+~").partition("=")[0]
+        if key not in TITLED and key.split(".")[0].split("/")[0] not in UNTITLED:
+            shown.append(override.lstrip("+~"))
+    head = f"{choices.get('algorithm', '?')} on {choices.get('dataset', '?')}"
+    return head + (f" ({' '.join(shown)})" if shown else "")
+
+
+def best_round(run_dir: Path, name: str) -> tuple[int, float] | None:
+    """(round, value) of the best logged value of the objective `name` in metrics.jsonl: the
+    lowest for a loss, else the highest; the earliest such round on ties. None if never logged."""
+    import json
+
+    path = Path(run_dir) / "metrics.jsonl"
+    points = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row.get(name), (int, float)) and "round" in row:
+            points.append((int(row["round"]), float(row[name])))
+    if not points:
+        return None
+    sign = 1 if "loss" in name else -1
+    return min(points, key=lambda p: (sign * p[1], p[0]))
+
+
+def print_table(summary: RunSummary, choices: dict, title: str | None = None, best=None) -> None:
+    """The final table: titled with the run (`run_title`), the last evaluation's metrics, the
+    objective at the end and at its best round (`best`: (round, value))."""
     from rich.console import Console
     from rich.table import Table
 
-    title = f"{choices.get('algorithm', '?')} on {choices.get('dataset', '?')} — {summary.status}"
-    table = Table(title=title)
+    table = Table(title=f"{title or run_title(choices)} — {summary.status}")
     table.add_column("metric")
     table.add_column("value", justify="right")
     metrics = summary.metrics
@@ -54,6 +95,8 @@ def print_table(summary: RunSummary, choices: dict) -> None:
     objective = summary.objective
     if objective is not None and objective.value is not None:
         table.add_row(f"objective: {objective.name}", f"{objective.value:.4f}")
+    if objective is not None and best is not None:
+        table.add_row(f"best objective (round {best[0]})", f"{best[1]:.4f}")
     table.add_row("rounds", str(summary.rounds_completed))
     table.add_row("wall time (s)", f"{summary.timing.wall_time_s:.1f}")
     Console().print(table)
@@ -70,7 +113,8 @@ def app(cfg: DictConfig) -> float | None:
 
         spread_jobs_over_gpus(hc.job.num)
     group = Path(hc.sweep.dir).name if multirun else None
-    return execute(cfg, run_dir, choices, multirun=multirun, group=group)
+    title = run_title(choices, list(hc.overrides.task))
+    return execute(cfg, run_dir, choices, multirun=multirun, group=group, title=title)
 
 
 def execute(
@@ -81,6 +125,7 @@ def execute(
     multirun: bool,
     group: str | None,
     resume: bool = False,
+    title: str | None = None,
 ) -> float | None:
     """Build, run and report one job; returns the `objective` metric (None if diverged or, in
     a multirun, refused). The run holds its run dir's lock until it returns."""
@@ -94,7 +139,7 @@ def execute(
         rundir.refuse(err)
     spill = own_spill_dir(cfg, run_dir)
     try:
-        return _execute(cfg, run_dir, choices, multirun=multirun, group=group, resume=resume)
+        return _execute(cfg, run_dir, choices, multirun, group, resume, title)
     finally:
         if spill is not None:
             shutil.rmtree(spill, ignore_errors=True)
@@ -102,11 +147,12 @@ def execute(
 
 
 def _execute(
-    cfg: DictConfig, run_dir: Path, choices: dict, *, multirun: bool, group, resume: bool
+    cfg: DictConfig, run_dir: Path, choices: dict, multirun: bool, group, resume: bool, title
 ) -> float | None:
-    from fedexp.run import Experiment
-
     try:
+        check_scalars(cfg)  # before torch is imported: a bad value is refused in a moment
+        from fedexp.run import Experiment
+
         experiment = Experiment(cfg, run_dir, resume=resume)
         loggers = [
             instantiate_logger(node, run_dir, f"logger.{key}")
@@ -128,16 +174,17 @@ def _execute(
             discard(run_dir)  # nothing half-written; a dir that existed keeps its old entries
         sys.exit(EXIT_CONFIG)
     from fedexp.core.distributed import is_output_rank
-    from fedexp.loggers.progress import ProgressBar
+    from fedexp.loggers.progress import ProgressBar, progress_callbacks
 
     output_rank = is_output_rank()  # under torchrun only rank 0 logs and prints
-    loggers = loggers if output_rank else []
-    bar = ProgressBar.when_watched(cfg.rounds, bool(cfg.progress))
+    progress = progress_callbacks(cfg.rounds, experiment.objective, bool(cfg.progress))
+    loggers = [*loggers, *progress] if output_rank else []
+    bar = progress[0] if output_rank and isinstance(progress[0], ProgressBar) else None
     with bar or contextlib.nullcontext():
-        loggers += [bar] if bar is not None else []
         summary = experiment.run(loggers, choices=choices, group=group)
     if output_rank:
-        print_table(summary, choices)
+        best = best_round(run_dir, summary.objective.name) if summary.objective else None
+        print_table(summary, choices, title, best)
         print(f"run dir: {run_dir}")
     if summary.status == "interrupted":
         print(
@@ -156,6 +203,18 @@ def _execute(
             "objective %s is not among the final metrics", summary.objective.name
         )
     return summary.objective.value
+
+
+def check_scalars(cfg: DictConfig) -> None:
+    """Types and ranges of the run scalars (`fedexp.core.validation.SCALARS`), checked without
+    torch; the components' options are checked when they are built."""
+    from fedexp.core.validation import SCALARS, check_value
+
+    missing = object()
+    for key, (ann, bound) in SCALARS.items():
+        value = OmegaConf.select(cfg, key, default=missing)
+        if value is not missing:
+            check_value(key, value, ann, bound)
 
 
 def record_config_error(err: ConfigError, cfg: DictConfig, run_dir: Path, choices: dict) -> None:
@@ -216,12 +275,18 @@ def resume_main(args: list[str]) -> None:
     except ConfigError as err:
         refuse(err)
     # the log Hydra started in the run dir goes on; Hydra itself is not involved in a resume
+    from fedexp.loggers.progress import NotProgress
+
+    console = logging.StreamHandler()
+    console.addFilter(NotProgress())  # the progress lines go to the file only
     logging.basicConfig(
         level=logging.INFO,
         format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s",
-        handlers=[logging.StreamHandler(), logging.FileHandler(run_dir / "__main__.log")],
+        handlers=[console, logging.FileHandler(run_dir / "__main__.log")],
     )
-    execute(cfg, run_dir, choices, multirun=False, group=group, resume=True)
+    overrides = run_dir / ".hydra" / "overrides.yaml"
+    title = run_title(choices, OmegaConf.load(overrides) if overrides.exists() else [])
+    execute(cfg, run_dir, choices, multirun=False, group=group, resume=True, title=title)
 
 
 def _resume_requested(args: list[str]) -> bool:
@@ -238,9 +303,11 @@ def instantiate_logger(node, run_dir: Path, name: str = "logger"):
 
 
 def main() -> None:
-    from fedexp.core.distributed import prepare_rank
+    # torch is imported only to run: --help, --cfg, tab completion and config errors go without
+    if int(os.environ.get("WORLD_SIZE", 1)) > 1:
+        from fedexp.core.distributed import prepare_rank
 
-    sys.argv = [sys.argv[0], *prepare_rank(sys.argv[1:])]  # torchrun: rank > 0 writes nothing
+        sys.argv = [sys.argv[0], *prepare_rank(sys.argv[1:])]  # torchrun: rank > 0 writes nothing
     if _resume_requested(sys.argv[1:]):
         resume_main(sys.argv[1:])
     else:

@@ -18,7 +18,7 @@ from typing import Any
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
-from fedexp.core.types import ConfigError
+from fedexp.errors import ConfigError
 
 _UNEXPECTED = re.compile(r"unexpected keyword argument '([^']+)'")
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from fedexp.core.summary import RunSummary
-from fedexp.core.types import ConfigError
+from fedexp.errors import ConfigError
 
 LOCK_FILE = ".fedexp.lock"
 RESULT_FILES = ("metrics.jsonl", "summary.json", "checkpoint.pt")

@@ -1,11 +1,95 @@
-"""A per-round progress line in the terminal (`progress=true` and stdout a terminal)."""
+"""Per-round progress: a rich bar on a terminal, plain lines elsewhere (SLURM logs, `| tee`).
+
+`ProgressLines` writes one line per evaluated round (round, train loss, the objective, seconds
+per round, ETA) to the logger `fedexp.progress`, which Hydra's job logging (conf/hydra/
+job_logging/fedexp.yaml) sends to the run's `__main__.log` only; with `echo` it also prints the
+line to stdout. `progress_callbacks` picks what a run gets.
+"""
 
 from __future__ import annotations
 
+import logging
 import sys
+import time
 
 from fedexp.core.callbacks import Callback, RoundReport, RunInfo
 from fedexp.core.summary import RunSummary
+
+PROGRESS_LOGGER = "fedexp.progress"
+log = logging.getLogger(PROGRESS_LOGGER)
+
+
+class NotProgress(logging.Filter):
+    """Drops the progress lines (logger `fedexp.progress`): for a console handler."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.name.startswith(PROGRESS_LOGGER)
+
+
+def duration(seconds: float) -> str:
+    """`42s`, `3m07s`, `2h05m`: a short, human duration."""
+    seconds = max(int(round(seconds)), 0)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+class ProgressLines(Callback):
+    """One plain line per evaluated round, e.g.
+    `round 10/50  train/loss 0.4210  eval/val/global/acc 0.8312  0.42 s/round  ETA 17s`.
+
+    s/round is the wall time since the run started (evaluations included) over the rounds run
+    since; ETA is that rate times the rounds left. In a sweep the line starts with the run's name.
+
+    Args:
+        objective: the metric shown (the run's resolved `objective`).
+        echo: also print the line to stdout (when no progress bar is shown there).
+    """
+
+    def __init__(self, objective: str, echo: bool = True):
+        self.objective = objective
+        self.echo = echo
+        self.prefix = ""
+        self.first_round = 1
+        self.start = time.perf_counter()
+
+    def on_run_start(self, info: RunInfo) -> None:
+        self.prefix = f"[{info.run_name}] " if info.group is not None else ""
+        self.first_round = (info.resumed_from_round or 0) + 1
+        self.start = time.perf_counter()
+        self._emit(f"{info.rounds} rounds, objective {self.objective}; run dir {info.run_dir}")
+
+    def on_round_end(self, report: RoundReport) -> None:
+        if not report.evaluated:
+            return
+        per_round = (time.perf_counter() - self.start) / max(report.round - self.first_round + 1, 1)
+        parts = [f"round {report.round}/{report.last_round}"]
+        for key in dict.fromkeys(("train/loss", self.objective)):  # once if the objective
+            value = report.metrics.get(key)
+            if isinstance(value, (int, float)):
+                parts.append(f"{key} {value:.4f}")
+        parts += [
+            f"{per_round:.2f} s/round",
+            f"ETA {duration(per_round * (report.last_round - report.round))}",
+        ]
+        self._emit("  ".join(parts))
+
+    def on_run_end(self, summary: RunSummary) -> None:
+        value = summary.objective.value if summary.objective is not None else None
+        shown = f"{value:.4f}" if isinstance(value, (int, float)) else "-"
+        wall = f" ({duration(summary.timing.wall_time_s)})" if summary.timing else ""
+        self._emit(
+            f"{summary.status} after {summary.rounds_completed} rounds{wall}; "
+            f"{self.objective} {shown}"
+        )
+
+    def _emit(self, line: str) -> None:
+        line = self.prefix + line
+        log.info("%s", line)
+        if self.echo:
+            print(line, flush=True)
 
 
 class ProgressBar(Callback):
@@ -42,3 +126,14 @@ class ProgressBar(Callback):
 
     def __exit__(self, *exc) -> None:
         self.bar.stop()
+
+
+def progress_callbacks(rounds: int, objective: str, enabled: bool) -> list[Callback]:
+    """What a run shows of its progress: with `enabled` (`progress=true`) a bar on a terminal,
+    else plain lines on stdout; the lines always go to the run's log file.
+
+    The bar, if any, comes first in the list (`__main__` takes it down on an exception).
+    """
+    bar = ProgressBar.when_watched(rounds, enabled)
+    lines = ProgressLines(objective, echo=enabled and bar is None)
+    return [bar, lines] if bar is not None else [lines]

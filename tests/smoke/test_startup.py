@@ -1,0 +1,68 @@
+"""Help, the composed config, tab completion and a config error need no torch (start-up in about
+a second; the time itself is measured by `scripts/bench.py --workload startup`)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+# runs `python -m fedexp ARGS` in this interpreter, then reports whether torch was imported
+PROBE = """
+import runpy, sys
+sys.argv = ["fedexp", *sys.argv[1:]]
+code = 0
+try:
+    runpy.run_module("fedexp", run_name="__main__")
+except SystemExit as exit_:
+    code = exit_.code
+print(f"torch imported: {'torch' in sys.modules}; exit {code}", file=sys.stderr)
+"""
+
+
+def probe(tmp_path, *args: str, env=None) -> subprocess.CompletedProcess:
+    full_env = dict(os.environ, PYTHONPATH=str(REPO / "src"), **(env or {}))
+    return subprocess.run(
+        [sys.executable, "-c", PROBE, *args],
+        cwd=tmp_path, env=full_env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "shown"),
+    [
+        (("--help",), 0, "== Examples =="),
+        (("--cfg", "job", "algorithm=fedprox"), 0, "mu:"),
+        (("rounds=0",), 2, "fedexp: error: rounds: must be >= 1, got 0"),
+        (("seed=abc",), 2, "fedexp: error: seed: must be"),
+        (("nosuchkey=1",), 2, "fedexp: error: nosuchkey: no such key in the config"),
+    ],
+)
+def test_no_torch_before_a_run(tmp_path, args, code, shown):
+    proc = probe(tmp_path, *args)
+    assert f"torch imported: False; exit {code}" in proc.stderr, proc.stderr
+    assert shown in proc.stdout + proc.stderr
+    assert list(tmp_path.glob("outputs/runs/*/*")) == []  # no run dir left
+
+
+def test_tab_completion_needs_no_torch(tmp_path):
+    env = {"COMP_LINE": "fedexp algorithm=fed", "COMP_POINT": "20"}
+    proc = probe(tmp_path, "-sc", "query=bash", env=env)
+    assert "torch imported: False; exit 0" in proc.stderr, proc.stderr
+    assert {"algorithm=fedavg", "algorithm=fedprox"} <= set(proc.stdout.split())
+
+
+def test_the_help_page_lists_the_groups_examples_and_outputs(tmp_path):
+    out = probe(tmp_path, "--help").stdout
+    assert out.startswith("fedexp: a federated-learning experiment runner")
+    for group in ("algorithm: ", "dataset: ", "partition: ", "logger: "):
+        assert group in out
+    examples = out.split("== Examples ==")[1].split("==")[0]
+    assert [line.split()[:3] for line in examples.strip().splitlines()] == [
+        ["python", "-m", "fedexp"]
+    ] * 5
+    assert "outputs/runs/<date>/<time>/" in out

@@ -1,0 +1,79 @@
+"""Through the CLI: a sweep ends with its grouped table and report, a run shows plain progress
+lines when stdout is not a terminal, and an Optuna search prints no set-up chatter."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+
+import torch
+
+from conftest import run_cli
+
+SMOKE = ("debug=smoke", "device=cpu")
+
+
+def sweep(monkeypatch, tmp_path, *args: str) -> None:
+    from fedexp.__main__ import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FEDEXP_CACHE_DIR", str(tmp_path / "cache"))
+    torch.set_num_threads(1)
+    argv = ["fedexp", "-m", *SMOKE, *args, "hydra.sweep.dir=sweep"]
+    monkeypatch.setattr(sys, "argv", argv)
+    main()
+
+
+def test_a_sweep_prints_its_grouped_table_and_writes_its_report(tmp_path, monkeypatch, capsys):
+    sweep(monkeypatch, tmp_path, "client.lr=0.05,0.1", "seed=0,1")
+    out = capsys.readouterr().out
+    assert "4 runs in 2 groups, differing in client.lr" in out
+    report = tmp_path / "sweep" / "report" / "report.md"
+    assert f"report: {report.relative_to(tmp_path)}" in out
+    assert "| client.lr=0.05 | 2 |" in report.read_text()
+    for lr in (0.05, 0.1):  # each group's cell: mean ± population std of its seeds' objective
+        values = []
+        for path in (tmp_path / "sweep").glob("*/summary.json"):
+            summary = json.loads(path.read_text())
+            if summary["config"]["client"]["lr"] == lr:
+                values.append(summary["objective"]["value"])
+        assert len(values) == 2
+        cell = f"{statistics.fmean(values):.4f} ± {statistics.pstdev(values):.4f}"
+        row = next(ln for ln in out.splitlines() if f"client.lr={lr} " in ln and "±" in ln)
+        assert cell in row, (cell, row)
+
+
+def test_the_sweep_summary_can_be_turned_off(tmp_path, monkeypatch, capsys):
+    sweep(monkeypatch, tmp_path, "seed=0", "~hydra.callbacks.sweep_summary")
+    assert "differing in" not in capsys.readouterr().out
+    assert (tmp_path / "sweep" / "0" / "summary.json").exists()
+    assert not (tmp_path / "sweep" / "report").exists()
+
+
+def test_off_a_terminal_a_run_prints_a_line_per_evaluated_round(tmp_path):
+    proc = run_cli(*SMOKE, "progress=true", "rounds=3", "eval_every=2", "client.lr=0.05",
+                   "hydra.run.dir=run", cwd=tmp_path)  # fmt: skip
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("round ")]
+    assert [line.split("  ")[0] for line in lines] == ["round 2/3", "round 3/3"]  # evaluated
+    assert all(" s/round  ETA " in line and "eval/val/global/acc " in line for line in lines)
+    assert "fedavg on digits (debug=smoke" in proc.stdout  # the final table names the run
+    assert "client.lr=0.05" in proc.stdout and "best objective (round " in proc.stdout
+    log = (tmp_path / "run" / "__main__.log").read_text()
+    assert all(line in log for line in lines)
+    assert proc.stdout.count("round 3/3") == 1  # the log's copy stays off the console
+
+
+def test_progress_false_keeps_the_lines_in_the_log_only(tmp_path):
+    proc = run_cli(*SMOKE, "hydra.run.dir=run", cwd=tmp_path)  # debug=smoke: progress=false
+    assert "round 2/2" not in proc.stdout
+    assert "round 2/2  train/loss " in (tmp_path / "run" / "__main__.log").read_text()
+
+
+def test_an_optuna_search_prints_no_set_up_chatter_and_ends_with_its_table(tmp_path):
+    proc = run_cli("hparams_search=fedprox_mu", *SMOKE, "hydra.sweeper.n_trials=2",
+                   "hydra.sweep.dir=search", cwd=tmp_path)  # fmt: skip
+    both = proc.stdout + proc.stderr
+    assert "alembic" not in both and "A new study created" not in both
+    assert "2 runs in 2 groups, differing in" in proc.stdout
+    assert (tmp_path / "search" / "report" / "report.md").exists()
