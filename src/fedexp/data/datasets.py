@@ -229,7 +229,12 @@ MNIST_LAYOUT = Layout(
     "MNIST", "mnist", "MNIST/raw", IDX_NAMES, gz=True, not_under=_others_of("MNIST")
 )
 FMNIST_LAYOUT = Layout(
-    "Fashion-MNIST", "fmnist", "FashionMNIST/raw", IDX_NAMES, True, _others_of("FashionMNIST")
+    "Fashion-MNIST",
+    "fmnist",
+    "FashionMNIST/raw",
+    IDX_NAMES,
+    gz=True,
+    not_under=_others_of("FashionMNIST"),
 )
 IMAGE_LAYOUTS = (CIFAR10.layout, CIFAR100.layout, MNIST_LAYOUT, FMNIST_LAYOUT)
 
