@@ -227,3 +227,40 @@ def test_corrupt_archive_is_one_line_naming_it(tmp_path):
     archive.write_bytes(bytes(data))
     with pytest.raises(ConfigError, match=r"cifar-10-python\.tar\.gz: not a complete tar archive"):
         load_cifar10(str(tmp_path))
+
+
+def test_leaf_json_progress_one_line_per_file_then_a_summary(tmp_path, caplog, monkeypatch):
+    import json
+    import logging
+
+    from datafiles import leaf_blob, sent140_blob
+    from fedexp.data import leaf
+    from fedexp.data.leaf import read_leaf_json
+
+    files = []
+    for k, users in enumerate(({"a": 2, "b": 1}, {"c": 3})):
+        files.append(tmp_path / f"part_{k}.json")
+        files[-1].write_text(json.dumps(leaf_blob(users, seed=k)))
+    with caplog.at_level(logging.INFO, logger="fedexp.data.leaf"):
+        chunks, y, users = read_leaf_json(files, leaf._pixels, 62)
+    lines = [r.getMessage() for r in caplog.records if r.name == "fedexp.data.leaf"]
+    sizes = [f"{p.stat().st_size / 1e6:.1f} MB" for p in files]
+    assert lines[0] == f"reading LEAF JSON 1/2: {files[0]} ({sizes[0]})"
+    assert lines[1] == f"reading LEAF JSON 2/2: {files[1]} ({sizes[1]})"
+    assert lines[2].startswith("read 2 LEAF JSON files (")
+    assert ": 3 users, 6 samples in " in lines[2]
+    assert len(lines) == 3 and users == ["a", "a", "b", "c", "c", "c"]
+
+    # one small file: quiet; the same file over the threshold: announced (Sent140 rows too)
+    single = tmp_path / "one.json"
+    single.write_text(json.dumps(sent140_blob({"u": 2})))
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="fedexp.data.leaf"):
+        read_leaf_json([single])
+        assert not caplog.records
+        monkeypatch.setattr(leaf, "PROGRESS_BYTES", single.stat().st_size)
+        read_leaf_json([single])
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == [
+        "reading LEAF JSON 1/1",
+        "read 1 LEAF JSON files (0.0 MB)",
+    ]
