@@ -206,6 +206,9 @@ def test_missing_message_names_an_archive_nearby_and_a_partial_folder(tmp_path):
         match=f"found cifar-10-python.tar.gz one level down: set dataset.data_dir={tmp_path}/dl;",
     ):
         load_cifar10(str(tmp_path))
+    up = f"found cifar-10-python.tar.gz one level up: set dataset.data_dir={tmp_path}/dl;"
+    with pytest.raises(ConfigError, match=up):
+        load_cifar10(str(tmp_path / "dl" / "sub"))
     write_cifar10(tmp_path / "part", n_per_batch=1)
     (tmp_path / "part" / "cifar-10-batches-py" / "data_batch_4").unlink()
     with pytest.raises(ConfigError, match=r"cifar-10-batches-py \(missing data_batch_4; no cifar"):

@@ -122,32 +122,33 @@ def read_archive(archive: Path, layout: Layout) -> dict[str, bytes]:
     return found
 
 
-def _found_at(layout: Layout, root: Path) -> Path | None:
-    """What to set `dataset.data_dir` to for the layout found in root: root itself if any."""
-    return root if layout.find(root) is not None else None
+def _named(layout: Layout, source: Path) -> str:
+    return layout.folder if source.is_dir() else source.name
 
 
 def nearby(layout: Layout, root: Path, others: tuple[Layout, ...] = ()) -> list[str]:
     """What is near a data_dir that lacks the layout, as hints for the missing-files message."""
     hints: list[str] = []
-    what = layout.archive or layout.folder
     parent = root.parent
-    if parent != root and parent.is_dir() and _found_at(layout, parent):
-        hints.append(f"found {what} one level up: set dataset.data_dir={parent}")
-    if root.is_dir():
-        children = sorted(p for p in root.iterdir() if p.is_dir())[:MAX_CHILDREN]
-        for child in children:
-            source = layout.find(child)
-            if source is not None:
-                name = layout.folder if source.is_dir() else source.name
-                hints.append(f"found {name} one level down: set dataset.data_dir={child}")
-                break
-        for other in others:
-            named = root / other.folder
-            archive = other.archive_at(root)
-            if (named.is_dir() and not other.missing(named)) or archive is not None:
-                seen = other.folder if archive is None else archive.name
-                hints.append(f"found {seen} here, which is {other.title} (dataset={other.dataset})")
+    source = layout.find(parent) if parent != root and parent.is_dir() else None
+    if source is not None:
+        hints.append(f"found {_named(layout, source)} one level up: set dataset.data_dir={parent}")
+    try:
+        children = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    except OSError:  # unreadable: nothing to suggest
+        return hints
+    for child in children[:MAX_CHILDREN]:
+        source = layout.find(child)
+        if source is not None:
+            name = _named(layout, source)
+            hints.append(f"found {name} one level down: set dataset.data_dir={child}")
+            break
+    for other in others if root.is_dir() else ():
+        named = root / other.folder
+        archive = other.archive_at(root)
+        if (named.is_dir() and not other.missing(named)) or archive is not None:
+            seen = other.folder if archive is None else archive.name
+            hints.append(f"found {seen} here, which is {other.title} (dataset={other.dataset})")
     return hints
 
 
