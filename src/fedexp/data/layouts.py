@@ -14,6 +14,7 @@ layout one level up or down (with the `dataset.data_dir` to set), or another dat
 
 from __future__ import annotations
 
+import gzip
 import tarfile
 import zlib
 from dataclasses import dataclass
@@ -97,17 +98,23 @@ def read_archive(archive: Path, layout: Layout) -> dict[str, bytes]:
     wanted = {f"{layout.folder}/{f}": f for f in layout.files}
     found: dict[str, bytes] = {}
     try:
-        with tarfile.open(archive, "r:*") as tar:
-            for member in tar:
-                name = member.name.removeprefix("./")
-                if PurePosixPath(name).is_absolute() or ".." in PurePosixPath(name).parts:
-                    raise data_error(
-                        archive, f"refused: member {member.name!r} has an absolute path or '..'"
-                    )
-                if name in wanted and member.isfile():
-                    handle = tar.extractfile(member)
-                    found[wanted[name]] = handle.read() if handle is not None else b""
-            while tar.fileobj.read(1 << 20):  # to the end: gzip checks its CRC and length there
+        with open(archive, "rb") as raw:
+            gzipped = raw.read(2) == b"\x1f\x8b"
+            raw.seek(0)
+            # one pass over the stream ("r|"): a seekable tar over gzip would re-decompress from
+            # the start at every backward seek it makes between members
+            stream = gzip.GzipFile(fileobj=raw) if gzipped else raw
+            with tarfile.open(fileobj=stream, mode="r|") as tar:
+                for member in tar:
+                    name = member.name.removeprefix("./")
+                    if PurePosixPath(name).is_absolute() or ".." in PurePosixPath(name).parts:
+                        raise data_error(
+                            archive, f"refused: member {member.name!r} has an absolute path or '..'"
+                        )
+                    if name in wanted and member.isfile():
+                        handle = tar.extractfile(member)
+                        found[wanted[name]] = handle.read() if handle is not None else b""
+            while stream.read(1 << 20):  # to the end: gzip checks its CRC and length there
                 pass
     except ConfigError:
         raise
