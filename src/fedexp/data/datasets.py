@@ -3,9 +3,10 @@
 Files are read in the on-disk layouts torchvision downloads (IDX for MNIST/Fashion-MNIST, python
 pickles for CIFAR) by the strict readers of `files.py` (pickles through an unpickler that cannot
 run code); torchvision is used to download only, because its loaders check the files' md5 sums.
-Nothing is downloaded unless `dataset.download` allows it, and a missing copy gives one
-`ConfigError` naming the path and the files expected. FEMNIST and Sentiment140 live in `leaf.py`
-and `text.py`.
+`layouts.py` finds the files (the torchvision root, the folder itself, or CIFAR's published
+archive, read in place). Nothing is downloaded unless `dataset.download` allows it, and a missing
+copy gives one `ConfigError` naming the files expected and what is nearby. FEMNIST and
+Sentiment140 live in `leaf.py` and `text.py`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 import torch
 
 from fedexp.data.files import check_labels, data_error, read_cifar_batch, read_idx
+from fedexp.data.layouts import Layout, missing_error, read_archive
 from fedexp.errors import ConfigError
 
 
@@ -138,16 +140,6 @@ CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 
 
-def require_files(data_dir: Path, expected: list[str], what: str, download_hint: str) -> None:
-    """Raise one clear ConfigError when any expected file is missing under data_dir."""
-    missing = [f for f in expected if not (data_dir / f).exists()]
-    if missing:
-        raise ConfigError(
-            f"dataset.data_dir: {what} not found at {data_dir} (missing {', '.join(missing)}); "
-            f"{download_hint}"
-        )
-
-
 def images_to_tensor(array: np.ndarray, mean, std) -> torch.Tensor:
     """uint8 NHWC (or NHW) array -> normalised float NCHW tensor."""
     x = torch.from_numpy(np.ascontiguousarray(array)).float().div_(255.0)
@@ -176,14 +168,6 @@ def _augmenter(augment: bool, mean, std):
     return CropFlip(fill=tuple(-m / s for m, s in zip(mean, std)))  # pad with black pixels
 
 
-def read_cifar_pickles(
-    files: list[Path], label_key: str, num_classes: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """CIFAR python-pickle batches -> (uint8 NHWC images, int labels), each file checked."""
-    batches = [read_cifar_batch(f, label_key, num_classes) for f in files]
-    return np.concatenate([b[0] for b in batches]), np.concatenate([b[1] for b in batches])
-
-
 @dataclass(frozen=True)
 class CifarLayout:
     """Where a CIFAR variant's pickles are and how to read them."""
@@ -197,6 +181,12 @@ class CifarLayout:
     num_classes: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    archive: str  # the published archive, holding folder/<files>
+
+    @property
+    def layout(self) -> Layout:
+        files = (*self.train_files, self.test_file)
+        return Layout(self.title, self.name, self.folder, files, self.archive)
 
 
 CIFAR10 = CifarLayout(
@@ -209,6 +199,7 @@ CIFAR10 = CifarLayout(
     10,
     CIFAR10_MEAN,
     CIFAR10_STD,
+    "cifar-10-python.tar.gz",
 )
 CIFAR100 = CifarLayout(
     "cifar100",
@@ -220,21 +211,71 @@ CIFAR100 = CifarLayout(
     100,
     (0.5071, 0.4865, 0.4409),
     (0.2673, 0.2564, 0.2762),
+    "cifar-100-python.tar.gz",
 )
+IDX_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+IDX_NAMES = tuple(f for pair in IDX_FILES.values() for f in pair)
+MNIST_LIKE = ("MNIST", "FashionMNIST", "KMNIST", "EMNIST", "QMNIST")  # torchvision's folders
+
+
+def _others_of(folder: str) -> tuple[str, ...]:
+    return tuple(f for f in MNIST_LIKE if f != folder)
+
+
+MNIST_LAYOUT = Layout(
+    "MNIST", "mnist", "MNIST/raw", IDX_NAMES, gz=True, not_under=_others_of("MNIST")
+)
+FMNIST_LAYOUT = Layout(
+    "Fashion-MNIST",
+    "fmnist",
+    "FashionMNIST/raw",
+    IDX_NAMES,
+    gz=True,
+    not_under=_others_of("FashionMNIST"),
+)
+IMAGE_LAYOUTS = (CIFAR10.layout, CIFAR100.layout, MNIST_LAYOUT, FMNIST_LAYOUT)
+
+
+def _others(layout: Layout) -> tuple[Layout, ...]:
+    return tuple(other for other in IMAGE_LAYOUTS if other.dataset != layout.dataset)
+
+
+def locate(layout: Layout, root: Path, download: bool, downloader) -> Path:
+    """The folder or archive holding the layout's files under root (downloading if allowed)."""
+    where = f"the {layout.folder}/ files" + (f" or {layout.archive}" if layout.archive else "")
+    source = layout.find(root)
+    if source is None and download:
+        fetch = lambda: downloader(str(root), train=True, download=True)  # noqa: E731
+        _download(layout.title, root, fetch, where)
+        source = layout.find(root)
+    if source is None:
+        hint = f"put {where} there or set dataset.download=true online"
+        raise missing_error(layout, root, hint, _others(layout))
+    return source
 
 
 def _load_cifar(
     spec: CifarLayout, data_dir: str, download: bool, downloader, augment: bool
 ) -> Dataset:
     root = Path(data_dir).expanduser()
-    files = [f"{spec.folder}/{f}" for f in (*spec.train_files, spec.test_file)]
-    layout = f"the python version ({spec.folder}/)"
-    what = spec.title
-    if download and any(not (root / f).exists() for f in files):
-        _download(what, root, lambda: downloader(str(root), train=True, download=True), layout)
-    require_files(root, files, what, f"put {layout} there or set dataset.download=true online")
-    tx, ty = read_cifar_pickles([root / f for f in files[:-1]], spec.label_key, spec.num_classes)
-    vx, vy = read_cifar_pickles([root / files[-1]], spec.label_key, spec.num_classes)
+    source = locate(spec.layout, root, download, downloader)
+    if source.is_dir():
+        batches = [
+            read_cifar_batch(source / f, spec.label_key, spec.num_classes)
+            for f in spec.layout.files
+        ]
+    else:  # the published archive, read in place
+        members = read_archive(source, spec.layout)
+        batches = [
+            read_cifar_batch(f"{source}: {spec.folder}/{f}", spec.label_key, spec.num_classes, data)
+            for f, data in ((f, members[f]) for f in spec.layout.files)
+        ]
+    train, test = batches[:-1], batches[-1]
+    tx, ty = np.concatenate([b[0] for b in train]), np.concatenate([b[1] for b in train])
+    vx, vy = test
     return Dataset(
         spec.name,
         images_to_tensor(tx, spec.mean, spec.std),
@@ -261,12 +302,6 @@ def load_cifar100(data_dir: str, download: bool, augment: bool, **_) -> Dataset:
     return _load_cifar(CIFAR100, data_dir, download, Downloader, augment)
 
 
-IDX_FILES = {
-    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
-    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
-}
-
-
 def read_idx_split(images_path: Path, labels_path: Path) -> tuple[np.ndarray, np.ndarray]:
     """(uint8 NHW images, int64 labels in [0, 10)) of one IDX split; the counts must agree."""
     images, labels = read_idx(images_path, 3), read_idx(labels_path, 1)
@@ -277,26 +312,12 @@ def read_idx_split(images_path: Path, labels_path: Path) -> tuple[np.ndarray, np
     return images, check_labels(labels_path, labels, 10)
 
 
-def _load_idx_dataset(
-    name: str, folder: str, data_dir: str, download: bool, downloader, mean, std
-) -> Dataset:
+def _load_idx_dataset(layout: Layout, data_dir: str, download: bool, downloader, mean, std):
     """MNIST-style data: <data_dir>/<folder>/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte."""
-    root = Path(data_dir).expanduser()
-    raw = root / folder / "raw"
-
-    def present(f: str) -> bool:
-        return (raw / f).exists() or (raw / f"{f}.gz").exists()
-
-    names = [f for pair in IDX_FILES.values() for f in pair]
-    layout = f"the IDX files (.gz or extracted) in {folder}/raw/"
-    if download and not all(present(f) for f in names):
-        _download(name, root, lambda: downloader(str(root), train=True, download=True), layout)
-    missing = [f for f in names if not present(f)]
-    if missing:
-        require_files(raw, missing, name, f"put {layout} or set dataset.download=true online")
+    raw = locate(layout, Path(data_dir).expanduser(), download, downloader)
 
     def path(f: str) -> Path:
-        return raw / f if (raw / f).exists() else raw / f"{f}.gz"
+        return layout.file(raw, f)
 
     split = {k: read_idx_split(path(img), path(lab)) for k, (img, lab) in IDX_FILES.items()}
     train_size, test_size = ("x".join(map(str, split[k][0].shape[1:])) for k in IDX_FILES)
@@ -306,7 +327,7 @@ def _load_idx_dataset(
             f"images of {test_size}, the training images are {train_size}",
         )
     return Dataset(
-        name.lower().replace("-", ""),
+        layout.dataset,
         images_to_tensor(split["train"][0], mean, std),
         torch.from_numpy(split["train"][1]),
         images_to_tensor(split["test"][0], mean, std),
@@ -320,15 +341,11 @@ def load_mnist(data_dir: str, download: bool, **_) -> Dataset:
     """MNIST (torchvision layout MNIST/raw/), normalised with the usual mean 0.1307, std 0.3081."""
     from torchvision.datasets import MNIST
 
-    return _load_idx_dataset("MNIST", "MNIST", data_dir, download, MNIST, (0.1307,), (0.3081,))
+    return _load_idx_dataset(MNIST_LAYOUT, data_dir, download, MNIST, (0.1307,), (0.3081,))
 
 
 def load_fmnist(data_dir: str, download: bool, **_) -> Dataset:
     """Fashion-MNIST (torchvision layout FashionMNIST/raw/), mean 0.2860, std 0.3530."""
     from torchvision.datasets import FashionMNIST
 
-    dataset = _load_idx_dataset(
-        "Fashion-MNIST", "FashionMNIST", data_dir, download, FashionMNIST, (0.2860,), (0.3530,)
-    )
-    dataset.name = "fmnist"
-    return dataset
+    return _load_idx_dataset(FMNIST_LAYOUT, data_dir, download, FashionMNIST, (0.2860,), (0.3530,))

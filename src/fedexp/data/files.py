@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import codecs
 import gzip
+import io
 import math
 import pickle
 import zlib
@@ -78,9 +79,16 @@ class SafeUnpickler(pickle.Unpickler):
             raise RefusedGlobal(f"refuses to unpickle {module}.{name}") from None
 
 
-def load_pickle(path: Path) -> Any:
-    """The object in a pickle file, read by `SafeUnpickler` (Python 2 strings as latin-1)."""
+def load_pickle(path: Path | str, data: bytes | None = None) -> Any:
+    """The object in a pickle file, read by `SafeUnpickler` (Python 2 strings as latin-1).
+
+    Args:
+        path: the file, or (with `data`) how messages name the bytes (`archive: member`).
+        data: the pickle's bytes when they come from somewhere else than `path` (an archive).
+    """
     try:
+        if data is not None:
+            return SafeUnpickler(io.BytesIO(data), encoding="latin1").load()
         with open(path, "rb") as fh:
             return SafeUnpickler(fh, encoding="latin1").load()
     except RefusedGlobal as err:
@@ -121,13 +129,16 @@ def check_labels(where: Path | str, values: Any, num_classes: int) -> np.ndarray
 CIFAR_PIXELS = 3 * 32 * 32
 
 
-def read_cifar_batch(path: Path, label_key: str, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
+def read_cifar_batch(
+    path: Path | str, label_key: str, num_classes: int, data: bytes | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """One CIFAR python-pickle batch -> (uint8 NHWC images, int64 labels), strictly checked.
 
     Keys may be str (latin-1 loading, or files re-pickled under Python 3) or bytes (copies
-    re-pickled after loading with encoding="bytes").
+    re-pickled after loading with encoding="bytes"). With `data`, the batch is those bytes (a
+    member of an archive) and `path` only names it in messages.
     """
-    entry = load_pickle(path)
+    entry = load_pickle(path, data)
     expected = f"a dict with 'data' and {label_key!r}"
     if not isinstance(entry, dict):
         raise data_error(path, f"not a CIFAR batch (a {type(entry).__name__}, expected {expected})")

@@ -12,6 +12,8 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
+import time
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +27,9 @@ FEMNIST_CLASSES = 62  # 10 digits, 26 upper-case, 26 lower-case letters (LEAF's 
 FEMNIST_HF_REPO = "flwrlabs/femnist"
 HF_CACHE = "hf_cache"  # under data_dir: what `datasets` downloads before the parquet export
 CACHE_VERSION = 2  # arrays cached by an older, less strict reader are parsed again
+PROGRESS_BYTES = 32 * 2**20  # a file this large (or several files) gets a progress line each
+
+log = logging.getLogger(__name__)
 
 
 def leaf_files(root: Path) -> tuple[list[Path], list[Path]]:
@@ -52,13 +57,20 @@ def read_leaf_json(
     float32 array), so a dataset of Python floats never sits in memory at once; a ValueError it
     raises is refused naming the file and the user. A user listed twice (in one file or two),
     x and y of different lengths, a `num_samples` entry that disagrees, and (with
-    `num_classes`) a label outside [0, num_classes) are refused too.
+    `num_classes`) a label outside [0, num_classes) are refused too. With several files, or
+    one of `PROGRESS_BYTES` or more, each file is announced on the log before it is parsed (a
+    full LEAF file takes a while) and a summary line follows.
     """
     chunks: list = []
     ys: list = []
     users: list[str] = []
     seen: dict[str, Path] = {}
-    for path in files:
+    sizes = [path.stat().st_size for path in files]
+    report = len(files) > 1 or any(size >= PROGRESS_BYTES for size in sizes)
+    start = time.perf_counter()
+    for number, (path, size) in enumerate(zip(files, sizes), 1):
+        if report:
+            log.info("reading LEAF JSON %d/%d: %s (%.1f MB)", number, len(files), path, size / 1e6)
         blob = read_json(path)
         try:
             names, counts = blob["users"], blob.get("num_samples")
@@ -88,6 +100,15 @@ def read_leaf_json(
                 path, f"not LEAF JSON (users/num_samples/user_data/x/y; {err!r})"
             ) from None
         del blob
+    if report:
+        log.info(
+            "read %d LEAF JSON files (%.1f MB): %d users, %d samples in %.1f s",
+            len(files),
+            sum(sizes) / 1e6,
+            len(seen),
+            len(ys),
+            time.perf_counter() - start,
+        )
     return chunks, ys, users
 
 
