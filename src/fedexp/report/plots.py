@@ -16,9 +16,9 @@ import numpy as np
 ACCURACY = {"eval/global/acc": "global model", "eval/personal/acc_mean": "personal models"}
 # single-round accuracies drawn as points: key -> panel title
 FINAL_ACCURACY = {
-    "eval/global/acc": "global model, pooled test set",
-    "eval/global/client_acc_mean": "global model, mean over clients",
-    "eval/personal/acc_mean": "personal models, mean over clients",
+    "eval/global/acc": "global model, pooled test",
+    "eval/global/client_acc_mean": "global model, client mean",
+    "eval/personal/acc_mean": "personal models, client mean",
 }
 # MIA metric -> (panel title, the value of an attack that guesses)
 MIA = {
@@ -186,18 +186,24 @@ def plot_client_boxes(groups, path: Path) -> bool:
             if values:
                 names.append(name)
                 data.append(values)
-        boxes = ax.boxplot(data, positions=range(len(names)), patch_artist=True)
+        boxes = ax.boxplot(
+            data, positions=range(len(names)), patch_artist=True, medianprops={"color": "black"}
+        )
         for box, name in zip(boxes["boxes"], names):
             box.set(facecolor=colours[name], alpha=0.6)
         _group_ticks(ax, names)
         ax.set(ylabel="client test accuracy", title=f"{kind} model, per client (final)")
+    fig.tight_layout()
     return _save(plt, fig, path, True)
 
 
-def plot_points(groups, path: Path, panels: dict[str, tuple[str, float | None]]) -> bool:
+def plot_points(
+    groups, path: Path, panels: dict[str, tuple[str, float | None]], ylabel: str | None = None
+) -> bool:
     """Single-round metrics (final accuracy, MIA): one panel per metric (key -> (title, dashed
     reference line or None)); each group's final value over its completed seeds as a point with
-    a mean ± sample-std error bar, in the group's colour. False if no run has any metric."""
+    a mean ± sample-std error bar, in the group's colour (`ylabel`: one axis label for every
+    panel, else each panel's title). False if no run has any metric."""
     finals = {
         m: [[r.summary.metrics.get(m) for r in g if r.completed] for g in groups.values()]
         for m in panels
@@ -206,7 +212,7 @@ def plot_points(groups, path: Path, panels: dict[str, tuple[str, float | None]])
     if not present:
         return False
     plt, colours = _pyplot(), palette(list(groups))
-    width = max(4, 1.2 * len(groups))
+    width = max(4.5, 1.2 * len(groups))
     fig, axes = plt.subplots(1, len(present), figsize=(width * len(present), 4), squeeze=False)
     for ax, metric in zip(axes[0], present):
         title, reference = panels[metric]
@@ -219,7 +225,8 @@ def plot_points(groups, path: Path, panels: dict[str, tuple[str, float | None]])
         if reference is not None:
             ax.axhline(reference, color="grey", linestyle="--", linewidth=1)
         _group_ticks(ax, list(groups))
-        ax.set(ylabel=title, title=f"{title} (final)")
+        ax.set(ylabel=ylabel or title, title=f"{title} (final)")
+    fig.tight_layout()
     return _save(plt, fig, path, True)
 
 
@@ -230,4 +237,5 @@ def plot_mia(groups, path: Path) -> bool:
 
 def plot_final_accuracy(groups, path: Path) -> bool:
     """The final accuracies as points with error bars."""
-    return plot_points(groups, path, {k: (t, None) for k, t in FINAL_ACCURACY.items()})
+    panels = {k: (t, None) for k, t in FINAL_ACCURACY.items()}
+    return plot_points(groups, path, panels, ylabel="accuracy")

@@ -91,9 +91,15 @@ def plot_search(runs, path: Path, flatten) -> list[str]:
         )
         numeric = all(isinstance(v, int | float) for v in raw) and bool((xs > 0).all())
         if numeric and ("log" in search.params[key] or xs.max() / xs.min() > 20):
-            ax.set_xscale("log")
-        ax.set(xlabel=key, ylabel=search.objective or "objective")
+            from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+            ax.set_xscale("log")  # ticks at 1, 2, 5 x 10^k, written plainly (0.02, not 2x10^-2)
+            ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set(xlabel=key, ylabel=search.objective or "objective", title=f"objective vs {key}")
         ax.grid(alpha=0.3)
+    fig.tight_layout()
     axes[0][-1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
     _save(plt, fig, path, True)
     shown = ", ".join(f"`{k}` = {_short(found[best]['params'][k])}" for k in keys)
