@@ -46,7 +46,11 @@ def test_wandb_offline_run_holds_the_accuracy(cli):
     summary = json.loads((cli.cwd / "w" / "summary.json").read_text())
     assert [r["_step"] for r in rows] == [1, 2]
     assert rows[-1]["eval/global/acc"] == pytest.approx(summary["metrics"]["eval/global/acc"])
-    assert run_info(run_file)["name"] == "fedavg-digits-s0"
+    info = run_info(run_file)
+    assert (
+        info["name"] == "fedavg debug=smoke s0"
+        and info["group"] == "fedavg debug=smoke digits shards"
+    )
 
 
 def test_wandb_failure_never_stops_the_run(cli):

@@ -49,10 +49,13 @@ def test_runs_group_by_what_differs_and_average_over_seeds(tmp_path):
     assert list(groups) == ["algorithm=fedavg", "algorithm=fedprox"]
     rounds, mean, std = curve(groups["algorithm=fedavg"], "eval/global/acc")
     assert rounds.tolist() == [1, 2]
-    # (0.2 + 0.4) / 2 = 0.3 ± 0.1 and (0.5 + 0.7) / 2 = 0.6 ± 0.1 (population std)
+    # (0.2 + 0.4) / 2 = 0.3 and (0.5 + 0.7) / 2 = 0.6; sample std sqrt(2 * 0.1^2 / 1)
     assert mean == pytest.approx([0.3, 0.6], abs=1e-12)
-    assert std == pytest.approx([0.1, 0.1], abs=1e-12)
-    assert mean_std([0.6, 0.8]) == pytest.approx((0.7, 0.1), abs=1e-12)
+    assert std == pytest.approx([0.02**0.5, 0.02**0.5], abs=1e-12)
+    assert mean_std([0.6, 0.8]) == pytest.approx((0.7, 0.02**0.5), abs=1e-12)
+    assert mean_std([0.6, 0.8], ddof=0) == pytest.approx((0.7, 0.1), abs=1e-12)
+    mean, std = mean_std([0.6])  # one seed: no spread
+    assert mean == 0.6 and std != std
 
 
 def test_a_config_key_sweep_is_labelled_by_the_key(tmp_path):
@@ -63,7 +66,7 @@ def test_a_config_key_sweep_is_labelled_by_the_key(tmp_path):
     (b / "summary.json").write_text(json.dumps(summary))
     groups, keys = group_runs(find_runs([a, b]))
     assert keys == ["client.lr"]
-    assert list(groups) == ["client.lr=0.05", "client.lr=0.1"]
+    assert list(groups) == ["lr=0.05", "lr=0.1"]  # the key's last part
 
 
 def test_the_report_has_the_table_and_every_plot_that_has_data(tmp_path):
@@ -74,11 +77,20 @@ def test_the_report_has_the_table_and_every_plot_that_has_data(tmp_path):
     assert main([str(tmp_path / "runs"), "--out", str(tmp_path / "out")]) == 0
     md = (tmp_path / "out" / "report.md").read_text()
     table = [line for line in md.splitlines() if line.startswith("| algorithm=")]
-    assert table[0].startswith("| algorithm=fedavg | 2 | 2 ± 0 | 0.6000 ± 0.1000 |")
-    assert "0.2500 ± 0.0000" in table[0] and "0.5500 ± 0.0000" in table[0]  # gap, MIA
+    # sample std of 0.5 and 0.7: 0.1414; no `± 0` in columns without spread (rounds, gap, MIA)
+    assert table[0].startswith("| algorithm=fedavg | 2 | 2 | 0.6000 ± 0.1414 |")
+    assert "| 0.2500 |" in table[0] and "| 0.5500 |" in table[0] and "± 0.0000" not in md
     assert table[1].startswith("| algorithm=fedprox | 0 (+1 diverged) |")
     assert "eval/group/minority/acc_mean" in md
-    for png in ("acc_vs_round", "client_acc_box", "acc_vs_comm", "group_gap", "mia_acc"):
+    assert "sample standard deviation (ddof = 1)" in md
+    for png in (
+        "acc_vs_round",
+        "final_acc",
+        "client_acc_box",
+        "acc_vs_comm",
+        "group_gap",
+        "mia_acc",
+    ):
         assert f"({png}.png)" in md
         assert (tmp_path / "out" / f"{png}.png").read_bytes()[:4] == b"\x89PNG"
 

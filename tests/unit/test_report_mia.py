@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import fedexp.report as report
+import fedexp.report.plots as plots
 from fedexp.report import find_runs, group_runs, plot_mia
 
 
@@ -32,19 +32,23 @@ def test_mia_is_drawn_as_points_with_mean_and_std_over_seeds(tmp_path, monkeypat
     make_run(tmp_path, "3", "waffle", 1, status="diverged", **{"privacy/mia_auc": 0.0})
     groups, _ = group_runs(find_runs([tmp_path]))
     figures = []
-    monkeypatch.setattr(report, "_save", lambda plt, fig, path, drawn: figures.append(fig) or drawn)
+    monkeypatch.setattr(plots, "_save", lambda plt, fig, path, drawn: figures.append(fig) or drawn)
 
     assert plot_mia(groups, tmp_path / "mia.png")
 
     (ax,) = figures[0].axes  # only the metric the runs report
     assert ax.get_ylabel() == "ROC AUC"
-    (bars,) = ax.containers
-    points, _caps, (segments,) = bars.lines
+    fedavg, waffle = ax.containers  # one point per group, in the group's colour
+    points, _caps, (segments,) = fedavg.lines
     assert points.get_linestyle() == "None" and points.get_marker() == "o"  # no line
-    # fedavg (0.7 + 0.9) / 2 = 0.8 ± 0.1; waffle 0.55 ± 0 (its diverged seed is left out)
-    assert np.asarray(points.get_ydata()) == pytest.approx([0.8, 0.55], abs=1e-12)
-    low_high = np.array([(s[0][1], s[1][1]) for s in segments.get_segments()])
-    assert np.allclose(low_high, [(0.7, 0.9), (0.55, 0.55)], rtol=0, atol=1e-12)
+    # fedavg (0.7 + 0.9) / 2 = 0.8 ± sample std 0.1414; waffle 0.55 from its one completed
+    # seed (the diverged one is left out): a point without an error bar
+    assert np.asarray(points.get_ydata()) == pytest.approx([0.8], abs=1e-12)
+    (low_high,) = [(s[0][1], s[1][1]) for s in segments.get_segments()]
+    assert low_high == pytest.approx((0.8 - 0.02**0.5, 0.8 + 0.02**0.5), abs=1e-12)
+    assert np.asarray(waffle.lines[0].get_ydata()) == pytest.approx([0.55], abs=1e-12)
+    assert waffle.lines[2] == ()  # no bar
+    assert points.get_color() != waffle.lines[0].get_color()
     assert [t.get_text() for t in ax.get_xticklabels()] == [
         "algorithm=fedavg",
         "algorithm=waffle",

@@ -1,4 +1,10 @@
-"""Weights & Biases: one run per job, step = round, group = the multirun sweep.
+"""Weights & Biases: one run per job; `round` is the step of every metric.
+
+Group, name, job type and tags come from the Hydra job (`wandb_labels`): the seeds of one
+setting share a group, so W&B's grouped mean ± std compares methods, not a pool of them. Each
+evaluation also logs a histogram of the per-client accuracies; the partition statistics go in as
+a table; accuracies keep their best-so-far value in the run summary (`<key>.max`, with `.last`).
+W&B's own console output is off unless `verbose`.
 
 Offline when no API key is configured. Any W&B failure is a warning: it never stops a run. An
 online `wandb.init` that gets no answer within `init_timeout` seconds (no network, a server down)
@@ -8,19 +14,50 @@ jobs of the same process then go offline at once instead of waiting again.
 
 from __future__ import annotations
 
+import csv
 import logging
 import os
+import re
 from pathlib import Path
 
+import numpy as np
+
+from fedexp.core.callbacks import RoundReport
 from fedexp.core.summary import RunSummary
 from fedexp.loggers.base import Logger
+from fedexp.loggers.wandb_labels import labels_from_run_dir
 
 log = logging.getLogger(__name__)
 _unreachable: str | None = None  # why the last online init failed in this process, if it did
+# accuracies whose best-so-far value a summary keeps (not spreads, gaps or attack accuracies)
+ACCURACY = re.compile(r"eval/.*(^|/)(client_)?acc(_mean|_min|_max|_p\d+)?")
+HIST_BINS = 20  # per-client accuracy histogram: 20 bins of width 0.05 over [0, 1]
+HIST_KEYS = {"global": "eval/global/client_acc_hist", "personal": "eval/personal/acc_hist"}
+
+
+def _number(text: str):
+    """A CSV cell as int or float where it is one."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 class WandbLogger(Logger):
-    """Logs evaluated rounds to a W&B run (offline without an API key)."""
+    """Logs evaluated rounds to a W&B run (offline without an API key).
+
+    Args:
+        run_dir: the run directory (W&B writes its `wandb/` folder there).
+        project: the W&B project.
+        entity: the W&B entity (user or team); None: the API key's default.
+        mode: online, offline or disabled; None: online with an API key, else offline.
+        tags: tags added to the ones derived from the job (sweep, experiment, dataset).
+        init_timeout: seconds an online `wandb.init` waits for the server, then offline.
+        verbose: W&B's own console output (off: one warning line at most per job).
+        log_checkpoint: at the end, log the run's checkpoint file as a `model` artifact.
+    """
 
     def __init__(
         self,
@@ -30,6 +67,8 @@ class WandbLogger(Logger):
         mode: str | None,
         tags: list[str] | None,
         init_timeout: float,
+        verbose: bool,
+        log_checkpoint: bool,
     ):
         if init_timeout <= 0:
             from fedexp.core.types import ConfigError
@@ -39,7 +78,9 @@ class WandbLogger(Logger):
         self.run_dir = Path(run_dir)
         self.project, self.entity, self.tags = project, entity, list(tags or [])
         self.mode = mode or os.environ.get("WANDB_MODE") or self._default_mode()
+        self.verbose, self.log_checkpoint = bool(verbose), bool(log_checkpoint)
         self.run = None
+        self.best: set[str] = set()  # metrics defined with a best-so-far summary
         self.resume_id: str | None = None  # set on resume: continue this W&B run
 
     def state_dict(self) -> dict:
@@ -68,6 +109,12 @@ class WandbLogger(Logger):
 
     def start(self, config: dict, run_name: str, group: str | None) -> None:
         global _unreachable
+        labels = labels_from_run_dir(self.run_dir, config.get("seed"))
+        job_type, tags = None, list(self.tags)
+        if labels is not None:  # a Hydra job: the labels of its setting
+            run_name, group, job_type = labels.name, labels.group, labels.job_type
+            config = {**config, **labels.config}
+            tags += [t for t in labels.tags if t not in tags]
 
         def _init(mode: str):
             import wandb
@@ -80,20 +127,23 @@ class WandbLogger(Logger):
                 config=config,
                 name=run_name,
                 group=group,
-                tags=self.tags,
+                job_type=job_type,
+                tags=tags,
                 reinit="finish_previous",
-                settings=wandb.Settings(init_timeout=self.init_timeout),
+                settings=wandb.Settings(init_timeout=self.init_timeout, silent=not self.verbose),
                 # rounds re-run after the checkpoint are logged again with the same values
                 **({"id": self.resume_id, "resume": "allow"} if self.resume_id else {}),
             )
 
         if self.mode != "online":
             self.run = self._guard("init", _init, self.mode)
+            self._define_metrics()
             return
         reason = _unreachable
         if reason is None:
             try:
                 self.run = _init("online")
+                self._define_metrics()
                 return
             except Exception as err:  # W&B must never stop a run
                 first = str(err).strip().splitlines()[0] if str(err).strip() else ""
@@ -101,6 +151,7 @@ class WandbLogger(Logger):
                 _unreachable = f"as earlier in this process: {reason}"
         self.mode = "offline"
         self.run = self._guard("init", _init, "offline")
+        self._define_metrics()
         if self.run is not None:
             log.warning(
                 "W&B: online init failed (%s); logging offline; upload later with: wandb sync %s",
@@ -108,19 +159,65 @@ class WandbLogger(Logger):
                 Path(self.run.dir).parent,
             )
 
-    def log_metrics(self, metrics: dict, step: int) -> None:
+    def _define_metrics(self) -> None:
+        """`round` is the x-axis of every metric (W&B's charts and summaries use it)."""
         if self.run is not None:
-            self._guard("log", self.run.log, dict(metrics), step=step)
+            self._guard("define_metric", self.run.define_metric, "round")
+            self._guard("define_metric", self.run.define_metric, "*", step_metric="round")
+
+    def on_round_end(self, report: RoundReport) -> None:
+        """An evaluated round's metrics, with a histogram of each kind of per-client accuracy
+        (`eval/global/client_acc_hist`, `eval/personal/acc_hist`) in the same row."""
+        if not report.evaluated:
+            return
+        metrics = {"round": report.round, **report.metrics}
+        if self.run is not None:
+            for kind, accs in report.client_accs.items():
+                hist = self._guard("histogram", self.histogram, accs)
+                if hist is not None:
+                    metrics[HIST_KEYS.get(kind, f"eval/{kind}/acc_hist")] = hist
+        self.log_metrics(metrics, step=report.round)
+
+    @staticmethod
+    def histogram(accs):
+        """A W&B histogram of accuracies on fixed bins (0.05 wide over [0, 1]), so that the
+        rounds' histograms line up."""
+        import wandb
+
+        counts, edges = np.histogram(np.asarray(accs, dtype=float), HIST_BINS, range=(0.0, 1.0))
+        return wandb.Histogram(np_histogram=(counts, edges))
+
+    def log_metrics(self, metrics: dict, step: int) -> None:
+        if self.run is None:
+            return
+        for key in metrics:  # an accuracy's summary keeps its best and its last value
+            if key not in self.best and ACCURACY.fullmatch(key):
+                self.best.add(key)
+                self._guard(
+                    "define_metric",
+                    self.run.define_metric,
+                    key,
+                    step_metric="round",
+                    summary="max,last",
+                )
+        self._guard("log", self.run.log, dict(metrics), step=step)
 
     def log_artifact(self, path: str | Path, kind: str) -> None:
-        if self.run is None:
+        """A PNG as an image, a CSV (the partition statistics) as a table, at step 0 (before
+        round 1); a resumed run logged them when it started."""
+        if self.run is None or self.resume_id:
             return
 
         def _log():
             import wandb
 
             if str(path).endswith(".png"):
-                self.run.log({kind: wandb.Image(str(path))})
+                self.run.log({kind: wandb.Image(str(path))}, step=0)
+            elif str(path).endswith(".csv"):  # a table to sort and plot in the UI
+                with open(path, newline="") as f:
+                    rows = list(csv.reader(f))
+                data = [[_number(cell) for cell in row] for row in rows[1:]]
+                self.run.log({kind: wandb.Table(columns=rows[0], data=data)}, step=0)
             else:
                 self.run.save(str(path), base_path=str(Path(path).parent), policy="now")
 
@@ -129,7 +226,38 @@ class WandbLogger(Logger):
     def finish(self, summary: RunSummary) -> None:
         if self.run is None:
             return
-        final = {k: v for k, v in summary.metrics.items() if isinstance(v, int | float)}
+        # an accuracy's summary already holds its best and last values
+        final = {
+            k: v
+            for k, v in summary.metrics.items()
+            if isinstance(v, int | float) and k not in self.best
+        }
         self._guard("summary", self.run.summary.update, {**final, "status": summary.status})
+        if self.log_checkpoint:
+            self._guard("checkpoint", self._log_checkpoint, summary)
         self._guard("finish", self.run.finish, exit_code=0 if summary.completed else 1)
         self.run = None
+
+    def _log_checkpoint(self, summary: RunSummary) -> None:
+        """The run dir's checkpoint as a `model` artifact (metadata: its round)."""
+        import wandb
+
+        from fedexp.core.checkpoint import CHECKPOINT_FILE
+
+        path = self.run_dir / CHECKPOINT_FILE
+        if not path.exists():
+            log.warning("W&B: no %s to log (checkpoint_every=0 and no stop signal)", path.name)
+            return
+        round_ = summary.checkpoint_round
+        if round_ is not None and round_ != summary.rounds_completed:
+            log.warning(
+                "W&B: the checkpoint holds round %s of %s (checkpoint_every does not divide "
+                "rounds)",
+                round_,
+                summary.rounds_completed,
+            )
+        artifact = wandb.Artifact(
+            f"checkpoint-{self.run.id}", type="model", metadata={"round": round_}
+        )
+        artifact.add_file(str(path))
+        self.run.log_artifact(artifact)

@@ -1,0 +1,349 @@
+"""`python -m fedexp.report <run or multirun dirs...> [--out DIR]`: compare runs in one report.
+
+Reads `summary.json` and `metrics.jsonl` of every run found under the given directories, groups
+the runs by the config values that differ between them (found automatically; the seed is left
+out, so a group's runs are its seeds) and writes `report.md` with PNG plots, one colour per group
+in all of them: accuracy vs round (mean ± std band over seeds), the final table, the final
+accuracies and MIA metrics as points with error bars, client-accuracy box plots, accuracy vs
+cumulative communication, the majority/minority gap vs round and, for an Optuna search, the
+objective against each searched parameter with the best trial marked.
+Spread is the sample standard deviation over a group's seeds (ddof = 1); a group of one run has
+none. Group labels are short (`mu=0.0187`: 3 significant digits, more where two would clash).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedexp.core.summary import RunSummary
+from fedexp.report.plots import (
+    ACCURACY,
+    _save,
+    curve,
+    mean_std,
+    plot_acc_vs_comm,
+    plot_client_boxes,
+    plot_final_accuracy,
+    plot_mia,
+    plot_vs_round,
+)
+from fedexp.report.search import plot_search
+
+__all__ = ["Run", "curve", "find_runs", "group_runs", "main", "mean_std", "write_report"]
+__all__ += ["_save", "plot_mia"]
+
+SPREAD = (
+    "Values are the mean over the completed seeds of each group ± the sample standard "
+    "deviation (ddof = 1); a value without ± has no spread (one seed, or equal values)."
+)
+# config keys that never explain a difference in results (or are the seeds being averaged)
+IGNORED = ("seed", "paths", "progress", "device", "resume", "checkpoint_every", "logger")
+IGNORED += ("objective", "hparams_search")
+# specialisations the defaults list derives from other choices (algorithm, dataset, experiment)
+IGNORED += (
+    "paper",
+    "paper_algorithm",
+    "experiment_algorithm",
+    "algorithm_dataset",
+    "debug_algorithm",
+)
+IGNORED += ("attack_paper@attack",)
+# groups in Hydra's _global_ package: when one varies its name is the label, not its keys
+GLOBAL_GROUPS = ("experiment", "debug")
+FINAL = (
+    "eval/global/acc",
+    "eval/global/client_acc_mean",
+    "eval/personal/acc_mean",
+    "eval/personal/acc_min",
+    "eval/group/gap",
+    "privacy/mia_acc",
+    "privacy/mia_auc",
+    "privacy/mia_tpr@1%fpr",
+    "privacy/mia_tpr@0.1%fpr",
+)
+
+
+@dataclass
+class Run:
+    path: Path
+    summary: RunSummary
+    rows: list[dict] = field(default_factory=list)
+
+    @property
+    def completed(self) -> bool:
+        return self.summary.completed
+
+    def series(self, metric: str) -> dict[int, float]:
+        """round -> value of `metric` in metrics.jsonl (rounds where it was logged)."""
+        return {
+            int(r["round"]): float(r[metric])
+            for r in self.rows
+            if r.get(metric) is not None and "round" in r
+        }
+
+
+def find_runs(paths: Sequence[str | Path]) -> list[Run]:
+    """Every run (a dir with summary.json) under `paths`, in path order."""
+    runs, seen = [], set()
+    for root in paths:
+        for summary_path in sorted(Path(root).rglob("summary.json")):
+            if summary_path.resolve() in seen:  # a run dir given inside its multirun dir
+                continue
+            seen.add(summary_path.resolve())
+            try:
+                summary = RunSummary.from_dict(json.loads(summary_path.read_text()))
+            except (OSError, ValueError) as err:  # JSONDecodeError is a ValueError
+                print(f"fedexp.report: skipping {summary_path} ({err})", file=sys.stderr)
+                continue
+            rows = []
+            metrics = summary_path.parent / "metrics.jsonl"
+            if metrics.exists():
+                for line in metrics.read_text().splitlines():
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError:
+                        continue  # a half-written last line
+            runs.append(Run(summary_path.parent, summary, rows))
+    return runs
+
+
+def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts -> {'a.b.c': value}; lists become their JSON text (hashable)."""
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: json.dumps(node) if isinstance(node, list) else node}
+
+
+def _varies(values: list) -> bool:
+    return len({json.dumps(v, sort_keys=True, default=str) for v in values}) > 1
+
+
+def grouping_keys(runs: list[Run]) -> list[str]:
+    """What the sweep varied: Hydra group choices ('algorithm') and config keys ('client.lr').
+
+    A key under a varying choice (algorithm.mu when algorithm varies) is explained by the
+    choice and left out; so is every key when a _global_ preset (experiment) varies.
+    """
+    choices = [r.summary.choices for r in runs]
+    names = sorted({k for c in choices for k in c} - set(IGNORED))
+    varying_choices = [k for k in names if _varies([c.get(k) for c in choices])]
+    if any(g in varying_choices for g in GLOBAL_GROUPS):
+        return [f"choice:{k}" for k in varying_choices]
+    flat = [flatten(dict(r.summary.config)) for r in runs]
+    keys = sorted({k for f in flat for k in f})
+    varying = [
+        k
+        for k in keys
+        if k.split(".")[0] not in IGNORED
+        and k.split(".")[0] not in varying_choices
+        and _varies([f.get(k) for f in flat])
+    ]
+    return [f"choice:{k}" for k in varying_choices] + varying
+
+
+def _value(value: Any, digits: int | None) -> str:
+    if isinstance(value, float) and digits is not None:
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def _short_keys(keys: list[str]) -> dict[str, str]:
+    """Each config key's last part (`algorithm.mu` -> `mu`), the full key where two clash."""
+    last = [k.rsplit(".", 1)[-1] for k in keys]
+    return {k: s if last.count(s) == 1 else k for k, s in zip(keys, last)}
+
+
+def label(run: Run, keys: list[str], digits: int | None = None) -> str:
+    """The run's group label: `name=value` of each grouping key (floats to `digits` significant
+    digits; None: as they are)."""
+    if not keys:
+        return str(run.summary.choices.get("algorithm") or "runs")
+    flat = flatten(dict(run.summary.config))
+    short = _short_keys([k for k in keys if not k.startswith("choice:")])
+    parts = []
+    for key in keys:
+        if key.startswith("choice:"):
+            name = key.removeprefix("choice:")
+            parts.append(f"{name}={run.summary.choices.get(name)}")
+        else:
+            parts.append(f"{short[key]}={_value(flat.get(key), digits)}")
+    return ", ".join(parts)
+
+
+def _order(run: Run, keys: list[str]) -> tuple:
+    """Sort key of a group: its values, numbers by size (mu=0.01 before mu=0.1 before mu=1)."""
+    flat = flatten(dict(run.summary.config))
+    out = []
+    for key in keys:
+        name = key.removeprefix("choice:")
+        value = run.summary.choices.get(name) if key.startswith("choice:") else flat.get(key)
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        out.append((0, float(value), "") if number else (1, 0.0, str(value)))
+    return tuple(out)
+
+
+def group_runs(runs: list[Run]) -> tuple[dict[str, list[Run]], list[str]]:
+    """Runs grouped by what differs, under short labels (3 significant digits, more where
+    two groups would get the same label), groups in the order of their values."""
+    keys = grouping_keys(runs)
+    exact: dict[str, list[Run]] = {}
+    for run in runs:
+        exact.setdefault(label(run, keys), []).append(run)
+    ordered = sorted(exact.values(), key=lambda g: _order(g[0], keys))
+    for digits in (3, 4, 5, 6, 8, 10, 12, 17, None):
+        names = [label(g[0], keys, digits) for g in ordered]
+        if len(set(names)) == len(names):
+            break
+    return dict(zip(names, ordered)), keys
+
+
+# ---- the final table ----------------------------------------------------------------------------
+def final_metrics(groups: dict[str, list[Run]]) -> list[str]:
+    """The final-table columns: FINAL metrics and per-group accuracies any run reports."""
+    present = {k for runs in groups.values() for r in runs for k in r.summary.metrics}
+    per_group = sorted(
+        k for k in present if k.startswith("eval/group/") and k.endswith("/acc_mean")
+    )
+    return [k for k in FINAL if k in present] + per_group
+
+
+def fmt(mean: float, std: float, scale: float = 1.0, digits: int = 4, spread=True) -> str:
+    """`mean ± std`; the mean alone without `spread` or when the std is NaN (one run)."""
+    if np.isnan(mean):
+        return "–"
+    if not spread or np.isnan(std):
+        return f"{mean * scale:.{digits}f}"
+    return f"{mean * scale:.{digits}f} ± {std * scale:.{digits}f}"
+
+
+def _column(stats: list[tuple[float, float]], scale: float = 1.0, digits: int = 4) -> list[str]:
+    """A table column; ± only where some group has a spread (no column of `± 0`)."""
+    spread = any(np.isfinite(s) and s > 0 for _, s in stats)
+    return [fmt(m, s, scale, digits, spread) for m, s in stats]
+
+
+def final_table(groups: dict[str, list[Run]]) -> str:
+    """Final metrics per group: completed runs' mean ± sample std (ddof = 1)."""
+    metrics = final_metrics(groups)
+    head = ["group", "runs", "rounds", *metrics, "comm total (MB)"]
+    done = {name: [r for r in runs if r.completed] for name, runs in groups.items()}
+    columns = [
+        _column(
+            [mean_std([r.summary.rounds_completed for r in d]) for d in done.values()], digits=0
+        )
+    ]
+    for metric in metrics:
+        columns.append(
+            _column([mean_std([r.summary.metrics.get(metric) for r in d]) for d in done.values()])
+        )
+    comm = [
+        mean_std(
+            [
+                (r.summary.metrics.get("comm/up_bits_total") or 0)
+                + (r.summary.metrics.get("comm/down_bits_total") or 0)
+                for r in d
+            ]
+        )
+        for d in done.values()
+    ]
+    columns.append(_column(comm, scale=1 / 8e6, digits=2))
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for i, (name, runs) in enumerate(groups.items()):
+        # diverged/interrupted runs are counted only
+        other = [r.summary.status for r in runs if not r.completed]
+        count = f"{len(done[name])}" + (
+            f" (+{len(other)} {', '.join(sorted(set(other)))})" if other else ""
+        )
+        lines.append("| " + " | ".join([name, count, *(c[i] for c in columns)]) + " |")
+    return "\n".join(lines)
+
+
+# ---- the report ----------------------------------------------------------------------------------
+def write_report(paths: Sequence[str | Path], out: str | Path) -> Path:
+    """Write report.md and its PNGs into `out`; returns the path of report.md."""
+    runs = find_runs(paths)
+    if not runs:
+        raise FileNotFoundError(f"no summary.json under {', '.join(map(str, paths))}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    groups, keys = group_runs(runs)
+    shown = [k.removeprefix("choice:") for k in keys]
+    md = [
+        "# fedexp report",
+        "",
+        f"{len(runs)} runs in {len(groups)} groups from {', '.join(f'`{p}`' for p in paths)}.",
+        f"Groups differ in: {', '.join(f'`{k}`' for k in shown) or 'nothing (one group)'}. "
+        f"{SPREAD}",
+        "",
+        "## Final metrics",
+        "",
+        final_table(groups),
+        "",
+    ]
+    gap = {"eval/group/gap": "best - worst client group accuracy"}
+    band = "Lines: the mean over a group's seeds; band: ± 1 sample std (ddof = 1)."
+    bars = "Points: the mean of a group's completed seeds; bars: ± 1 sample std (ddof = 1)."
+    sections = [
+        ("Accuracy vs round", "acc_vs_round.png", plot_vs_round, (ACCURACY, "accuracy"), band),
+        ("Final accuracy", "final_acc.png", plot_final_accuracy, (), bars),
+        (
+            "Client accuracy distribution",
+            "client_acc_box.png",
+            plot_client_boxes,
+            (),
+            "Each client's final test accuracy, pooled over a group's completed seeds.",
+        ),
+        (
+            "Accuracy vs cumulative communication",
+            "acc_vs_comm.png",
+            plot_acc_vs_comm,
+            (),
+            band,
+        ),
+        ("Majority/minority gap", "group_gap.png", plot_vs_round, (gap, "accuracy gap"), band),
+        ("Membership inference", "mia_acc.png", plot_mia, (), bars + " Dashed: chance."),
+    ]
+    for title, filename, draw, extra, caption in sections:
+        if draw(groups, out / filename, *extra):
+            md += [f"## {title}", "", f"![{title}]({filename})", "", caption, ""]
+    best = plot_search(runs, out / "search.png", flatten)
+    if best:
+        md += ["## Hyperparameter search", "", "![search](search.png)", "", *best, ""]
+    md += ["## Runs", "", "| group | status | run dir |", "|---|---|---|"]
+    for name, group in groups.items():
+        md += [f"| {name} | {r.summary.status} | `{r.path}` |" for r in group]
+    report = out / "report.md"
+    report.write_text("\n".join(md) + "\n")
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m fedexp.report", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("paths", nargs="+", help="run dirs or multirun dirs (searched recursively)")
+    parser.add_argument("--out", help="output dir (default: <the one path>/report, or ./report)")
+    args = parser.parse_args(argv)
+    out = args.out or (Path(args.paths[0]) / "report" if len(args.paths) == 1 else Path("report"))
+    try:
+        report = write_report(args.paths, out)
+    except FileNotFoundError as err:
+        print(f"fedexp.report: error: {err}", file=sys.stderr)
+        return 2
+    print(f"report: {report}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,241 @@
+"""The report's statistics and figures: one colour per group in every figure, legends outside the
+axes, single-round metrics as points with error bars.
+
+Spread is the sample standard deviation over a group's seeds (ddof = 1); a group with one run has
+none (NaN), and then no band or error bar is drawn.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+ACCURACY = {"eval/global/acc": "global model", "eval/personal/acc_mean": "personal models"}
+# single-round accuracies drawn as points: key -> panel title
+FINAL_ACCURACY = {
+    "eval/global/acc": "global model, pooled test",
+    "eval/global/client_acc_mean": "global model, client mean",
+    "eval/personal/acc_mean": "personal models, client mean",
+}
+# MIA metric -> (panel title, the value of an attack that guesses)
+MIA = {
+    "privacy/mia_acc": ("attack accuracy", 0.5),
+    "privacy/mia_auc": ("ROC AUC", 0.5),
+    "privacy/mia_tpr@1%fpr": ("TPR at 1% FPR", 0.01),
+    "privacy/mia_tpr@0.1%fpr": ("TPR at 0.1% FPR", 0.001),
+}
+
+
+# ---- statistics ----------------------------------------------------------------------------------
+def mean_std(values: Sequence[float | None], ddof: int = 1) -> tuple[float, float]:
+    """Mean and sample standard deviation (ddof = 1) of the values that are not None; the std
+    is NaN with fewer than ddof + 1 values, both are NaN with none."""
+    arr = np.asarray([v for v in values if v is not None], dtype=float)
+    if arr.size == 0:
+        return float("nan"), float("nan")
+    std = float(arr.std(ddof=ddof)) if arr.size > ddof else float("nan")
+    return float(arr.mean()), std
+
+
+def curve(runs, metric: str, ddof: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rounds, mean, sample std) over the runs that logged `metric`; a diverged seed stops
+    early (a round is averaged over the seeds that reached it; std NaN where only one did)."""
+    series = [s for s in (r.series(metric) for r in runs) if s]
+    rounds = np.array(sorted({t for s in series for t in s}), dtype=int)
+    if not series:
+        return rounds, np.array([]), np.array([])
+    grid = np.array([[s.get(int(t), np.nan) for t in rounds] for s in series], dtype=float)
+    with warnings.catch_warnings():  # a round no seed reached is NaN, not a warning
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return rounds, np.nanmean(grid, axis=0), np.nanstd(grid, axis=0, ddof=ddof)
+
+
+# ---- drawing -------------------------------------------------------------------------------------
+def palette(names: Sequence[str]) -> dict[str, tuple]:
+    """One colour per group name, the same in every figure (tab10, tab20, then viridis)."""
+    import matplotlib
+
+    n = len(names)
+    if n <= 10:
+        colours = [matplotlib.colormaps["tab10"](i) for i in range(n)]
+    elif n <= 20:
+        colours = [matplotlib.colormaps["tab20"](i) for i in range(n)]
+    else:
+        colours = [matplotlib.colormaps["viridis"](i / (n - 1)) for i in range(n)]
+    return dict(zip(names, colours))
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(plt, fig, path: Path, drawn: bool) -> bool:
+    """Write the figure when something was drawn (legends outside the axes included); always
+    free it."""
+    if drawn:
+        fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return drawn
+
+
+def _legend_outside(fig, axes) -> None:
+    """One legend for the figure, right of the last panel (each group once)."""
+    seen: dict[str, object] = {}
+    for ax in axes:
+        for handle, text in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(text, handle)
+    if seen:
+        fig.tight_layout()
+        axes[-1].legend(
+            list(seen.values()),
+            list(seen),
+            loc="upper left",
+            bbox_to_anchor=(1.02, 1.0),
+            fontsize=8,
+            frameon=False,
+        )
+
+
+def _band(ax, x, mean, std, name: str, colour) -> None:
+    ax.plot(x, mean, label=name, marker="." if len(x) < 30 else None, color=colour)
+    spread = np.isfinite(std)
+    if spread.any():
+        ax.fill_between(x, mean - std, mean + std, where=spread, alpha=0.2, color=colour, lw=0)
+
+
+def plot_vs_round(groups, path: Path, metrics: dict[str, str], ylabel: str, hline=None) -> bool:
+    """One panel per metric (key -> title); a mean ± std line per group. False if no data."""
+    present = {
+        m: t for m, t in metrics.items() if any(r.series(m) for g in groups.values() for r in g)
+    }
+    if not present:
+        return False
+    plt, colours = _pyplot(), palette(list(groups))
+    fig, axes = plt.subplots(1, len(present), figsize=(5.5 * len(present), 4), squeeze=False)
+    for ax, (metric, title) in zip(axes[0], present.items()):
+        for name, runs in groups.items():
+            rounds, mean, std = curve(runs, metric)
+            if mean.size:
+                _band(ax, rounds, mean, std, name, colours[name])
+        if hline is not None:
+            ax.axhline(hline, color="grey", linestyle="--", linewidth=1)
+        ax.set(xlabel="round", ylabel=ylabel, title=title)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.grid(alpha=0.3)
+    _legend_outside(fig, list(axes[0]))
+    return _save(plt, fig, path, True)
+
+
+def plot_acc_vs_comm(groups, path: Path) -> bool:
+    """Accuracy against cumulative up + down bits (comm/*_total at the same rounds)."""
+    plt, colours = _pyplot(), palette(list(groups))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    drawn = False
+    for name, runs in groups.items():
+        metric = next((m for m in ACCURACY if any(r.series(m) for r in runs)), None)
+        if metric is None:
+            continue
+        rounds, mean, std = curve(runs, metric)
+        up, down = curve(runs, "comm/up_bits_total"), curve(runs, "comm/down_bits_total")
+        comm = dict(zip(up[0].tolist(), up[1]))
+        for t, bits in zip(down[0].tolist(), down[1]):
+            comm[t] = comm.get(t, 0.0) + bits
+        keep = [i for i, t in enumerate(rounds.tolist()) if t in comm]
+        if not keep:
+            continue
+        megabytes = np.array([comm[int(rounds[i])] for i in keep]) / 8e6
+        _band(ax, megabytes, mean[keep], std[keep], f"{name} ({ACCURACY[metric]})", colours[name])
+        drawn = True
+    if drawn:
+        ax.set(xlabel="cumulative communication, up + down (MB)", ylabel="accuracy")
+        ax.grid(alpha=0.3)
+        _legend_outside(fig, [ax])
+    return _save(plt, fig, path, drawn)
+
+
+def _group_ticks(ax, names: list[str]) -> None:
+    ax.set_xticks(range(len(names)), names, rotation=20, ha="right", fontsize=8)
+    ax.set_xlim(-0.5, len(names) - 0.5)
+    ax.grid(alpha=0.3, axis="y")
+
+
+def plot_client_boxes(groups, path: Path) -> bool:
+    """Per-client final accuracies (summary.json client_acc), pooled over a group's seeds."""
+    kinds = [
+        k
+        for k in ("personal", "global")
+        if any(r.summary.client_acc.get(k) for g in groups.values() for r in g)
+    ]
+    if not kinds:
+        return False
+    plt, colours = _pyplot(), palette(list(groups))
+    width = max(5, 1.2 * len(groups))
+    fig, axes = plt.subplots(1, len(kinds), figsize=(width * len(kinds), 4), squeeze=False)
+    for ax, kind in zip(axes[0], kinds):
+        names, data = [], []
+        for name, runs in groups.items():
+            values = [a for r in runs if r.completed for a in r.summary.client_acc.get(kind, [])]
+            if values:
+                names.append(name)
+                data.append(values)
+        boxes = ax.boxplot(
+            data, positions=range(len(names)), patch_artist=True, medianprops={"color": "black"}
+        )
+        for box, name in zip(boxes["boxes"], names):
+            box.set(facecolor=colours[name], alpha=0.6)
+        _group_ticks(ax, names)
+        ax.set(ylabel="client test accuracy", title=f"{kind} model, per client (final)")
+    fig.tight_layout()
+    return _save(plt, fig, path, True)
+
+
+def plot_points(
+    groups, path: Path, panels: dict[str, tuple[str, float | None]], ylabel: str | None = None
+) -> bool:
+    """Single-round metrics (final accuracy, MIA): one panel per metric (key -> (title, dashed
+    reference line or None)); each group's final value over its completed seeds as a point with
+    a mean ± sample-std error bar, in the group's colour (`ylabel`: one axis label for every
+    panel, else each panel's title). False if no run has any metric."""
+    finals = {
+        m: [[r.summary.metrics.get(m) for r in g if r.completed] for g in groups.values()]
+        for m in panels
+    }
+    present = [m for m, per in finals.items() if any(v is not None for g in per for v in g)]
+    if not present:
+        return False
+    plt, colours = _pyplot(), palette(list(groups))
+    width = max(4.5, 1.2 * len(groups))
+    fig, axes = plt.subplots(1, len(present), figsize=(width * len(present), 4), squeeze=False)
+    for ax, metric in zip(axes[0], present):
+        title, reference = panels[metric]
+        for i, (name, values) in enumerate(zip(groups, finals[metric])):
+            mean, std = mean_std(values)
+            if np.isnan(mean):
+                continue
+            err = None if np.isnan(std) else [std]
+            ax.errorbar([i], [mean], yerr=err, fmt="o", capsize=4, color=colours[name])
+        if reference is not None:
+            ax.axhline(reference, color="grey", linestyle="--", linewidth=1)
+        _group_ticks(ax, list(groups))
+        ax.set(ylabel=ylabel or title, title=f"{title} (final)")
+    fig.tight_layout()
+    return _save(plt, fig, path, True)
+
+
+def plot_mia(groups, path: Path) -> bool:
+    """The final MIA metrics as points with error bars; a dashed line at chance."""
+    return plot_points(groups, path, MIA)
+
+
+def plot_final_accuracy(groups, path: Path) -> bool:
+    """The final accuracies as points with error bars."""
+    panels = {k: (t, None) for k, t in FINAL_ACCURACY.items()}
+    return plot_points(groups, path, panels, ylabel="accuracy")
