@@ -61,7 +61,7 @@ def accuracy(out: Path, sweep: str, **choice: str) -> str:
         cfg = run.summary.config
         if all(str(cfg[k]["_target_"]).rsplit(".", 1)[-1] == v for k, v in choice.items()):
             values.append(run.summary.metrics["eval/global/acc"])
-    mean, std = mean_std(values)
+    mean, std = mean_std(values, ddof=0)
     return f"{mean:.3f} ± {std:.3f}"
 
 

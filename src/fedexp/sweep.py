@@ -67,7 +67,7 @@ class SweepSummary(Callback):
 def sweep_rows(runs: list) -> tuple[list[str], list[str], list[list[str]]]:
     """(the keys that differ, the column heads, one row of cells per group) of a sweep's runs.
 
-    Cells are mean ± std (population std) over the completed runs of a group (its seeds); the
+    Cells are mean ± sample std (ddof = 1, as in the report) over the completed runs of a group (its seeds); the
     `runs` cell counts the others by status (`2 (+1 diverged)`).
     """
     groups, keys = group_runs(runs)
@@ -102,7 +102,7 @@ def print_sweep_table(runs: list, sweep_dir: Path) -> None:
     differ = ", ".join(keys) or "nothing (one group)"
     table = Table(
         title=f"sweep {sweep_dir}: {len(runs)} runs in {len(rows)} groups, differing in {differ}",
-        caption="mean ± std over the seeds of each group",
+        caption="mean ± sample std (ddof = 1) over the seeds of each group",
     )
     for i, head in enumerate(heads):
         table.add_column(head, justify="left" if i == 0 else "right")

@@ -1,7 +1,7 @@
 """Plain-text progress lines, the final table's title and best round, and a sweep's grouped table.
 
 Numbers are chosen to be checked by hand: a fake clock, objective values 0.5/0.7 (mean 0.6,
-population std 0.1).
+sample std (ddof = 1) 0.1414, as in the report).
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def fake_run(lr: float, seed: int, value: float | None, status: str = "completed
     return Run(Path(f"/s/{lr}-{seed}"), summary)
 
 
-def test_the_sweep_table_is_mean_and_population_std_over_seeds():
+def test_the_sweep_table_is_mean_and_sample_std_over_seeds():
     runs = [
         fake_run(0.1, 0, 0.5),
         fake_run(0.1, 1, 0.7),
@@ -132,6 +132,6 @@ def test_the_sweep_table_is_mean_and_population_std_over_seeds():
     assert keys == ["client.lr"]
     assert heads == ["group", "runs", "objective: eval/val/global/acc", "eval/global/acc"]
     assert rows == [
-        ["client.lr=0.01", "2 (+1 diverged)", "0.3000 ± 0.1000", "0.3000 ± 0.1000"],
-        ["client.lr=0.1", "2", "0.6000 ± 0.1000", "0.6000 ± 0.1000"],
+        ["lr=0.01", "2 (+1 diverged)", "0.3000 ± 0.1414", "0.3000 ± 0.1414"],
+        ["lr=0.1", "2", "0.6000 ± 0.1414", "0.6000 ± 0.1414"],
     ]
