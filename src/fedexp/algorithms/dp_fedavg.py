@@ -37,11 +37,13 @@ diagnostics for choosing S; they are not privatized.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 
 import dp_accounting
 import numpy as np
 import torch
+from absl import logging as absl_logging
 from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
 from fedexp.aggregators.mean import weighted_mean
@@ -49,6 +51,11 @@ from fedexp.algorithms.fedavg import FedAvg
 from fedexp.core.algorithm import BuildContext
 from fedexp.core.seeding import derive_seed
 from fedexp.core.types import ClientResult, ConfigError, RoundContext, ServerState
+
+# dp-accounting imports absl, whose log handler keeps the sys.stderr of import time and closes it
+# whenever logging is reconfigured (Hydra does, per run) unless it is the process's own stream:
+# a redirected stderr (a log file, a test's capture) would be closed under its owner.
+absl_logging.get_absl_handler().python_handler.stream = sys.__stderr__
 
 DP_NOISE_STREAM = 61  # derive_seed tag of the server's Gaussian noise, one draw per round
 ACCOUNTING = ("without_replacement", "poisson")
