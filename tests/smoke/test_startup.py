@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-# runs `python -m fedexp ARGS` in this interpreter, then reports whether torch was imported
+# runs `python -m fedexp ARGS` in this interpreter, then reports whether torch (and optuna,
+# which only a search needs) was imported
 PROBE = """
 import runpy, sys
 sys.argv = ["fedexp", *sys.argv[1:]]
@@ -21,6 +22,7 @@ try:
 except SystemExit as exit_:
     code = exit_.code
 print(f"torch imported: {'torch' in sys.modules}; exit {code}", file=sys.stderr)
+print(f"optuna imported: {'optuna' in sys.modules}", file=sys.stderr)
 """
 
 
@@ -45,6 +47,7 @@ def probe(tmp_path, *args: str, env=None) -> subprocess.CompletedProcess:
 def test_no_torch_before_a_run(tmp_path, args, code, shown):
     proc = probe(tmp_path, *args)
     assert f"torch imported: False; exit {code}" in proc.stderr, proc.stderr
+    assert "optuna imported: False" in proc.stderr  # Hydra imports every sweeper plugin
     assert shown in proc.stdout + proc.stderr
     assert list(tmp_path.glob("outputs/runs/*/*")) == []  # no run dir left
 

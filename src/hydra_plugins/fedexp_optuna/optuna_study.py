@@ -16,9 +16,8 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import optuna
 import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep, Override
@@ -26,15 +25,12 @@ from hydra.core.plugins import Plugins
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
-from optuna.distributions import (
-    BaseDistribution,
-    CategoricalDistribution,
-    FloatDistribution,
-    IntDistribution,
-)
-from optuna.trial import TrialState
 
 from fedexp.core.pruning import study_name, study_storage
+
+if TYPE_CHECKING:  # optuna is imported when a search runs: Hydra imports every plugin at start-up
+    import optuna
+    from optuna.distributions import BaseDistribution
 
 log = logging.getLogger(__name__)
 INTERRUPTED = "interrupted"  # user attribute of a trial a killed sweep left running
@@ -42,6 +38,8 @@ INTERRUPTED = "interrupted"  # user attribute of a trial a killed sweep left run
 
 def distribution(override: Override) -> BaseDistribution:
     """The Optuna distribution of one sweep override (`interval`, `choice`, `range`)."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
     value = override.value()
     if isinstance(value, IntervalSweep):
         log_scale = "log" in value.tags
@@ -106,6 +104,9 @@ class OptunaStudySweeper(Sweeper):
         return space, fixed
 
     def _load(self, storage: str) -> optuna.Study:
+        import optuna
+        from optuna.trial import TrialState
+
         study = optuna.create_study(
             study_name=self.study_name or study_name({}),
             storage=storage,
@@ -151,6 +152,8 @@ class OptunaStudySweeper(Sweeper):
 
 def finished(study: optuna.Study) -> int:
     """Trials that ran to an end (complete, pruned or failed; not those a kill interrupted)."""
+    from optuna.trial import TrialState
+
     done = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
     return sum(
         1 for t in study.get_trials(deepcopy=False, states=done) if INTERRUPTED not in t.user_attrs
@@ -159,6 +162,8 @@ def finished(study: optuna.Study) -> int:
 
 def tell(study: optuna.Study, trial: optuna.Trial, ret: Any) -> None:
     """Record one job's end: pruned (the run said so), failed (no finite value), or its value."""
+    from optuna.trial import TrialState
+
     attrs = study._storage.get_trial(trial._trial_id).user_attrs
     if "pruned_round" in attrs:
         study.tell(trial, state=TrialState.PRUNED)
@@ -175,6 +180,8 @@ def tell(study: optuna.Study, trial: optuna.Trial, ret: Any) -> None:
 
 def write_results(study: optuna.Study, sweep_dir: Path) -> None:
     """`<sweep dir>/optimization_results.yaml`: the best trial's parameters and value."""
+    from optuna.trial import TrialState
+
     results: dict[str, Any] = {"name": "optuna", "study_name": study.study_name}
     try:
         best = study.best_trial
