@@ -345,7 +345,9 @@ def report(r: dict, executors: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workload", default="all", choices=["all", "threads", "scale", *WORKLOADS])
+    parser.add_argument(
+        "--workload", default="all", choices=["all", "threads", "scale", *WORKLOADS]
+    )
     parser.add_argument("--full", action="store_true", help="the full size named in issue 7")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--executors", default="sequential", help="comma list of fedexp executors")

@@ -287,6 +287,7 @@ def make_orchestrator(c: Components, algorithm=None, callbacks=()) -> Orchestrat
         clients_per_round=cfg.clients_per_round,
         eval_every=cfg.eval_every,
         callbacks=callbacks,
+        personal_clients=OmegaConf.select(cfg, "eval.personal_clients", default=None),
     )
 
 

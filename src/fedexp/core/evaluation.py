@@ -11,6 +11,7 @@ from fedexp.core.algorithm import Algorithm
 from fedexp.core.types import ServerState
 
 EVAL_BATCH = 4096
+PERSONAL_SAMPLE_STREAM = 7177  # the seed stream of the `eval.personal_clients` sample
 
 
 @torch.no_grad()
@@ -71,12 +72,30 @@ def group_metrics(accs: np.ndarray, groups: list[str]) -> dict[str, float]:
     return out
 
 
-def evaluate(algorithm: Algorithm, state: ServerState, data) -> tuple[dict, dict]:
+def personal_sample(num_clients: int, count: int | None, seed: int) -> np.ndarray:
+    """The clients whose personal models are evaluated: all (`count` None), or a sorted sample
+    of `count` drawn from the seed alone, so every evaluation of a run sees the same clients."""
+    if count is None or count >= num_clients:
+        return np.arange(num_clients)
+    rng = np.random.default_rng([seed, PERSONAL_SAMPLE_STREAM])
+    return np.sort(rng.choice(num_clients, count, replace=False))
+
+
+def evaluate(
+    algorithm: Algorithm,
+    state: ServerState,
+    data,
+    personal_clients: int | None = None,
+    seed: int = 0,
+) -> tuple[dict, dict]:
     """Returns (scalar metrics, per-client accuracy lists).
 
     Test metrics are `eval/global/...` and `eval/personal/...`; where the clients have validation
     splits the same measures on validation data are `eval/val/global/...` (the pooled validation
-    set is the union of the local validation splits) and `eval/val/personal/...`.
+    set is the union of the local validation splits) and `eval/val/personal/...`. Personal models
+    are evaluated in batched passes (`fedexp.core.personal_eval`), of every client or, with
+    `personal_clients`, of a seeded sample of that many (`personal_sample`; their ids are then
+    listed under `personal_clients`).
     """
     metrics: dict[str, float] = {}
     per_client: dict[str, list[float]] = {}
@@ -94,20 +113,21 @@ def evaluate(algorithm: Algorithm, state: ServerState, data) -> tuple[dict, dict
             metrics.update({k.replace("client/acc", "client_acc"): v for k, v in spread.items()})
             if split == "test":
                 per_client["global"] = accs.tolist()
-    personal: dict[str, list[float]] = {split: [] for split in splits}
-    for c in range(data.num_clients):
-        m = algorithm.personal_model(state, c)
-        if m is None:
-            break
-        for split in splits:
-            personal[split].append(accuracy(m, *data.local(c, split)))
-    for split in splits:
-        if personal[split]:
-            accs = np.array(personal[split])
-            metrics.update(distribution(f"{prefix[split]}/personal", accs))
-            if split == "test":
-                per_client["personal"] = accs.tolist()
+    from fedexp.core.personal_eval import personal_accuracies
+
+    clients = personal_sample(data.num_clients, personal_clients, seed)
+    personal = personal_accuracies(algorithm, state, data, clients, splits)
+    for split in splits if personal is not None else ():
+        accs = personal[split]
+        metrics.update(distribution(f"{prefix[split]}/personal", accs))
+        if split == "test":
+            per_client["personal"] = accs.tolist()
+            if personal_clients is not None:
+                per_client["personal_clients"] = clients.tolist()
     if data.groups is not None and per_client:
-        accs = np.array(per_client.get("personal", per_client.get("global")))
-        metrics.update(group_metrics(accs, data.groups))
+        if "personal" in per_client:
+            accs, groups = np.array(per_client["personal"]), np.array(data.groups)[clients]
+        else:
+            accs, groups = np.array(per_client["global"]), data.groups
+        metrics.update(group_metrics(accs, list(groups)))
     return metrics, per_client
