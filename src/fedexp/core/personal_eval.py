@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from fedexp.core.algorithm import PersonalBatch
 from fedexp.core.evaluation import EVAL_BATCH
-from fedexp.core.vectorized import _architecture, _split_attrs, client_attrs
+from fedexp.core.vectorized import _architecture, _split_attrs
 
 CHUNK_BYTES = 256 * 1024**2  # stacked per-client parameters, buffers and attributes per chunk
 FIRST_CHUNK = 64  # clients in the first chunk, before the bytes per client are known
@@ -32,8 +32,9 @@ FIRST_CHUNK = 64  # clients in the first chunk, before the bytes per client are 
 
 @dataclass
 class _Snapshot:
-    tensors: dict[str, torch.Tensor | None]  # None: equal to the chunk's first client's
+    tensors: dict[str, torch.Tensor]  # the first snapshot's own tensor where equal to it
     attrs: dict[str, dict]  # submodule name -> its per-client attributes
+    key: tuple  # clients with equal keys are stacked together
 
 
 def _holds_tensor(value) -> bool:
@@ -42,8 +43,9 @@ def _holds_tensor(value) -> bool:
 
 class _Layout:
     """What is read off one resident personal model: its architecture key, its parameter and
-    buffer tensors, and which submodules carry per-client tensor attributes under which names.
-    Read once per model object and evaluation (a personal model is loaded into in place)."""
+    buffer tensors, and the public attributes of its submodules that hold tensors or None
+    (per-client inputs such as factor masks). Read once per model object and evaluation (a
+    personal model is loaded into in place)."""
 
     def __init__(self, model: nn.Module):
         self.model = model
@@ -52,7 +54,12 @@ class _Layout:
         self.attrs = {}
         self.modules = {}
         for name, sub in model.named_modules():
-            found = [k for k, v in client_attrs(sub).items() if _holds_tensor(v)]
+            found = [
+                k
+                for k, v in vars(sub).items()
+                if not k.startswith("_") and k not in ("training", "generator")
+                and (v is None or _holds_tensor(v))
+            ]  # fmt: skip
             if found:
                 self.attrs[name], self.modules[name] = found, sub
 
@@ -61,23 +68,24 @@ class _Layout:
         for name, t in self.tensors:
             t = t.detach()
             same = first is not None and torch.equal(t, first.tensors[name])
-            tensors[name] = None if same else t.clone()
-        attrs = {}
+            tensors[name] = first.tensors[name] if same else t.clone()
+        attrs, signature = {}, []
         for name, keys in self.attrs.items():
             values = vars(self.modules[name])
-            found = {k: values[k] for k in keys if k in values}
+            found = {k: values.get(k) for k in keys}
             attrs[name] = tree_map(lambda v: v.clone() if torch.is_tensor(v) else v, found)
-        return _Snapshot(tensors, attrs)
+            leaves = tree_flatten(found)[0]
+            signature.append(tuple(tuple(v.shape) if torch.is_tensor(v) else v for v in leaves))
+        # clients whose attributes differ in kind (None for one, a tensor for another) or
+        # shape cannot be stacked together: the signature separates them
+        return _Snapshot(tensors, attrs, (self.key, tuple(signature)))
 
 
 def _stack(layout: _Layout, group: list[_Snapshot], device) -> PersonalBatch:
     first = group[0]
-    differs = [n for n in first.tensors if any(g.tensors[n] is not None for g in group[1:])]
+    differs = [n for n, t in first.tensors.items() if any(g.tensors[n] is not t for g in group)]
     shared = {n: t for n, t in first.tensors.items() if n not in differs}
-    stacked = {
-        n: torch.stack([first.tensors[n] if g.tensors[n] is None else g.tensors[n] for g in group])
-        for n in differs
-    }
+    stacked = {n: torch.stack([g.tensors[n] for g in group]) for n in differs}
     batch = PersonalBatch(layout.model, shared, stacked)
     for name in first.attrs:
         same, batched = _split_attrs([g.attrs.get(name, {}) for g in group], device)
@@ -98,8 +106,10 @@ def _batches(algorithm, state, ids: np.ndarray, layouts: dict, device):
         if id(model) not in layouts:
             layouts[id(model)] = _Layout(model)
         layout = layouts[id(model)]
-        _, snaps, rows = groups.setdefault(layout.key, (layout, [], []))
-        snaps.append(layout.snapshot(snaps[0] if snaps else None))
+        first = next((g[1][0] for g in groups.values() if g[0] is layout), None)
+        snap = layout.snapshot(first)
+        _, snaps, rows = groups.setdefault(snap.key, (layout, [], []))
+        snaps.append(snap)
         rows.append(row)
     return [(_stack(lay, snaps, device), np.array(rows)) for lay, snaps, rows in groups.values()]
 

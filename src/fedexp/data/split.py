@@ -45,5 +45,11 @@ class Split(Sequence):
         c = range(len(self))[c]  # negative indices; IndexError past the end
         return self.flat[self.offsets[c] : self.offsets[c + 1]]
 
+    def __add__(self, other) -> list[np.ndarray]:  # as lists concatenate
+        return [*self, *other]
+
+    def __radd__(self, other) -> list[np.ndarray]:
+        return [*other, *self]
+
     def __repr__(self) -> str:
         return f"Split({len(self)} clients, {len(self.flat)} indices)"
