@@ -105,9 +105,14 @@ def write_partition_stats(
     part = data.partition
     num = len(counts)
     n_val = part.val.sizes if part.val is not None else np.zeros(num, dtype=np.int64)
-    table = np.column_stack([part.train.sizes, part.test.sizes, n_val, counts]).tolist()
-    groups = data.groups or [""] * num
-    rows = (f"{c},{g}," + ",".join(map(str, r)) for c, (g, r) in enumerate(zip(groups, table)))
-    path.write_text("\n".join([header, *rows]) + "\n")
+    table = np.column_stack([part.train.sizes, part.test.sizes, n_val, counts])
+    if data.groups is None:  # every cell an integer: one C-level format of the whole table
+        row = "%d,," + ",".join(["%d"] * table.shape[1]) + "\n"
+        cells = np.column_stack([np.arange(num), table]).ravel().tolist()
+        body = (row * num) % tuple(cells)
+    else:
+        rows = zip(data.groups, table.tolist())
+        body = "".join(f"{c},{g}," + ",".join(map(str, r)) + "\n" for c, (g, r) in enumerate(rows))
+    path.write_text(header + "\n" + body)
     plot = plot_label_distribution(counts, run_dir / "partition_labels.png", title)
     return ((plot, "partition/label_distribution"), (path, "partition/class_counts"))
