@@ -56,7 +56,7 @@ def measure_one(clients: int, algorithm: str, cache: str, run_dir: str) -> dict:
         f"algorithm={algorithm}",
         "executor=sequential",
         f"num_clients={clients}",
-        "clients_per_round=100",
+        f"clients_per_round={min(100, clients)}",
         "rounds=1",
         "eval_every=1",
         "progress=false",
@@ -108,8 +108,10 @@ def measure_one(clients: int, algorithm: str, cache: str, run_dir: str) -> dict:
 
 def run_child(clients: int, algorithm: str) -> dict:
     """`measure_one` in a fresh process (its own peak memory); returns its JSON line."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="offline")
     here = Path(__file__).resolve().parent
+    # the checkout's own src first, as the parent process sees it with PYTHONPATH=src
+    path = os.pathsep.join(p for p in (str(here.parent / "src"), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="offline", PYTHONPATH=path)
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, str(here / "bench_scale.py"), str(clients), algorithm, tmp]
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
