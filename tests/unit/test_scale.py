@@ -168,3 +168,16 @@ def test_personal_clients_evaluates_the_same_seeded_sample(tmp_path):
 def test_personal_clients_bad_values_are_config_errors(tmp_path, value, message):
     with pytest.raises(ConfigError, match=message):
         smoke_experiment(tmp_path, "algorithm=fedrep", f"eval.personal_clients={value}")
+
+
+def test_pooled_accuracies_read_in_place_equal_the_gathered_sets(tmp_path):
+    """Without an official test split, evaluation reads the pooled test and validation sets in
+    place (no copy of them); the values are those of the gathered sets, exactly."""
+    exp = smoke_experiment(tmp_path, "dataset=synthetic", "num_clients=12")
+    state = exp.algorithm.init_state()
+    metrics, _ = evaluate(exp.algorithm, state, exp.data)
+    model = exp.algorithm.global_model(state)
+    assert exp.data.test_is_pooled and exp.data._test_xy is None  # never gathered
+    assert metrics["eval/global/acc"] == accuracy(model, exp.data.test_x, exp.data.test_y)
+    assert metrics["eval/val/global/acc"] == accuracy(model, *exp.data.pooled_val())
+    assert len(exp.data.test_y) == exp.data.split_sizes("test").sum()

@@ -3,6 +3,8 @@ split) and each client's personal model on its local test split."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from torch import nn
@@ -25,6 +27,18 @@ def correct_counts(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.bool, device=y.device)
 
 
+@torch.no_grad()
+def indexed_hits(model: nn.Module, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor):
+    """`correct_counts(model, x[idx], y[idx])`, gathering one batch at a time (no copy of the
+    indexed samples: the same batches, so the same values)."""
+    model.eval()
+    out = [
+        model(x[idx[i : i + EVAL_BATCH]]).argmax(1) == y[idx[i : i + EVAL_BATCH]]
+        for i in range(0, len(idx), EVAL_BATCH)
+    ]
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.bool, device=y.device)
+
+
 def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     hits = correct_counts(model, x, y)
     return float(hits.float().mean()) if len(hits) else float("nan")
@@ -37,8 +51,9 @@ def client_accuracies(model: nn.Module, data, split: str = "test") -> np.ndarray
     rounds, cost more than the training itself on a GPU). Per-client sums of hits are exact,
     so the values equal those of a per-client `accuracy` loop.
     """
-    x, y, owner = data.pooled_local(split)
-    hits = correct_counts(model, x, y).float()
+    idx, _ = data.local_index(split)
+    owner = data.owners(split)
+    hits = indexed_hits(model, data.x, data.y, idx).float()
     n = data.num_clients
     totals = torch.bincount(owner, weights=hits, minlength=n).float()
     counts = torch.bincount(owner, minlength=n).float()
@@ -103,9 +118,14 @@ def evaluate(
     prefix = {"test": "eval", "val": "eval/val"}
     model = algorithm.global_model(state)
     if model is not None:
-        metrics["eval/global/acc"] = accuracy(model, data.test_x, data.test_y)
+        if data.test_is_pooled:  # the union of the local test splits, read in place
+            hits = indexed_hits(model, data.x, data.y, data.local_index("test")[0])
+            metrics["eval/global/acc"] = float(hits.float().mean()) if len(hits) else math.nan
+        else:
+            metrics["eval/global/acc"] = accuracy(model, data.test_x, data.test_y)
         if "val" in splits:
-            metrics["eval/val/global/acc"] = accuracy(model, *data.pooled_val())
+            hits = indexed_hits(model, data.x, data.y, data.local_index("val")[0])
+            metrics["eval/val/global/acc"] = float(hits.float().mean()) if len(hits) else math.nan
         for split in splits:
             accs = client_accuracies(model, data, split)
             # the global model on each client's split: eval/global/client_acc_mean|std|...

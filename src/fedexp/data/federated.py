@@ -34,12 +34,28 @@ class FederatedData:
             self._splits["val"] = self._index(part.val)
         self._owners: dict[str, torch.Tensor] = {}
         self.server_x = ds.server_x.to(self.device) if ds.server_x is not None else None
-        self._test_is_pooled = ds.test_x is None
+        # no official test split: the pooled test set is the union of the local test splits,
+        # gathered only if something asks for it as tensors (evaluation reads it in place)
+        self.test_is_pooled = ds.test_x is None
+        self._test_xy = None
         if ds.test_x is not None:
-            self.test_x, self.test_y = ds.test_x.to(self.device), ds.test_y.to(self.device)
-        else:  # no official test split: the pooled test set is the union of local test splits
+            self._test_xy = (ds.test_x.to(self.device), ds.test_y.to(self.device))
+
+    @property
+    def test_x(self) -> torch.Tensor:
+        """The pooled test set's inputs."""
+        return self._pooled_test()[0]
+
+    @property
+    def test_y(self) -> torch.Tensor:
+        """The pooled test set's labels."""
+        return self._pooled_test()[1]
+
+    def _pooled_test(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._test_xy is None:
             pooled = self._splits["test"][0]
-            self.test_x, self.test_y = self.x[pooled], self.y[pooled]
+            self._test_xy = (self.x[pooled], self.y[pooled])
+        return self._test_xy
 
     def _index(self, split: Split) -> tuple[torch.Tensor, np.ndarray]:
         return torch.as_tensor(split.flat, device=self.device), split.offsets
@@ -106,7 +122,7 @@ class FederatedData:
     def pooled_local(self, split: str = "test") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Every client's local `split` ("test" or "val") at once: (x, y, owning client)."""
         owner = self.owners(split)
-        if split == "test" and self._test_is_pooled:  # the pooled test set is exactly this
+        if split == "test" and self.test_is_pooled:  # the pooled test set is exactly this
             return self.test_x, self.test_y, owner
         idx = self._splits[split][0]
         return self.x[idx], self.y[idx], owner
