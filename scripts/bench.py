@@ -8,6 +8,8 @@
                                                      # idle and under a background load
     python scripts/bench.py --workload startup       # --help, --cfg job, completion, a config
                                                      # error, the first progress line vs torch
+    python scripts/bench.py --workload scale         # setup, round, evaluation and memory at
+                                                     # 1 000, 10 000 and 100 000 clients
 
 Each workload runs through fedexp's real path (config composed by Hydra, `Experiment` building
 data, model, algorithm and executor, `Orchestrator` driving the rounds, evaluation only where the
@@ -346,7 +348,7 @@ def report(r: dict, executors: list[str]) -> None:
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--workload", default="all", choices=["all", "threads", "startup", *WORKLOADS]
+        "--workload", default="all", choices=["all", "threads", "startup", "scale", *WORKLOADS]
     )
     parser.add_argument("--full", action="store_true", help="the full size named in issue 7")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -359,6 +361,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "--threads", default="auto", help="fedexp's `threads` setting (auto or an integer)"
     )
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument(
+        "--clients", default="1000,10000,100000", help="scale: comma list of populations"
+    )
     args = parser.parse_args(argv)
     executors = args.executors.split(",")
     if args.workload == "startup":
@@ -369,6 +374,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
         from bench_threads import bench_threads
 
         return bench_threads(args.reps, args.json)
+    if args.workload == "scale":
+        from bench_scale import bench_scale
+
+        populations = tuple(int(n) for n in args.clients.split(","))
+        return bench_scale(populations, json_path=args.json)
     threads = args.threads if args.threads == "auto" else int(args.threads)
     names = list(WORKLOADS) if args.workload == "all" else [args.workload]
     print(f"torch {torch.__version__}, threads={threads}, device {args.device}")

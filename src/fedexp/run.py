@@ -180,12 +180,12 @@ def partition_coverage(dataset, partition) -> dict[str, Any]:
     pooled test set in the classes that some client holds.
     """
     labels = dataset.train_y.numpy()
-    held = np.unique(np.concatenate([labels[t] for t in partition.train]))
-    used = sum(len(t) for t in partition.train)
+    held = np.unique(labels[partition.train.flat])
+    used = len(partition.train.flat)
     if dataset.test_y is not None:
         test_labels = dataset.test_y.numpy()
     else:
-        test_labels = labels[np.concatenate(partition.test)] if partition.test else labels[:0]
+        test_labels = labels[partition.test.flat]
     in_test, counts = np.unique(test_labels, return_counts=True)
     missing = np.setdiff1d(in_test, held)
     covered = counts[np.isin(in_test, held)].sum()
@@ -291,6 +291,7 @@ def make_orchestrator(c: Components, algorithm=None, callbacks=()) -> Orchestrat
         clients_per_round=cfg.clients_per_round,
         eval_every=cfg.eval_every,
         callbacks=callbacks,
+        personal_clients=OmegaConf.select(cfg, "eval.personal_clients", default=None),
     )
 
 

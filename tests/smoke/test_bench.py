@@ -28,3 +28,22 @@ def test_bench_digits_plain_loop_is_the_same_training(capsys):
     assert result["max_abs_diff_vs_plain"]["sequential"] == 0.0
     assert result["client_steps"] > 0 and result["floor_s"] > 0
     assert "fedexp sequential / plain" in capsys.readouterr().out
+
+
+def test_bench_scale_reports_every_population_and_algorithm(capsys):
+    """`--workload scale` at tiny populations: one child process per run, its figures sane."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        results = load_bench().main(["--workload", "scale", "--clients", "8,16"])
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    assert [(r["clients"], r["algorithm"]) for r in results] == [
+        (8, "fedavg"), (8, "fedrep"), (16, "fedavg"), (16, "fedrep")
+    ]  # fmt: skip
+    for r in results:
+        assert r["samples"] >= 50 * r["clients"]  # Synthetic's clients hold >= 50 samples
+        assert r["data_bytes"] == r["samples"] * (60 * 4 + 8)  # float32 features, int64 labels
+        assert 0 < r["stats_s"] < r["setup_s"] and r["round_s"] > 0 and r["eval_s"] > 0
+        assert r["peak_bytes"] > r["base_bytes"] > 0
+    assert results[1]["personal_acc_mean"] is not None and results[0]["global_acc"] is not None
+    assert "B/client" in capsys.readouterr().out

@@ -8,10 +8,17 @@ metrics are reported.
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from fedexp.algorithms.fedavg import FedAvg
-from fedexp.core.algorithm import BuildContext, flat_params, load_flat
+from fedexp.core.algorithm import (
+    BuildContext,
+    PersonalBatch,
+    flat_params,
+    load_flat,
+    named_views,
+)
 from fedexp.core.client import ClientModule, Phase
 from fedexp.core.local import ClientConfig, LocalTraining
 from fedexp.core.types import ConfigError, Message, ServerState
@@ -77,6 +84,15 @@ class FedRep(FedAvg):
         load_flat(self.shared(self.eval_model), state.params)
         load_flat(list(self.eval_model.head.parameters()), self._head(client_id))
         return self.eval_model
+
+    def personal_models(self, state: ServerState, client_ids) -> PersonalBatch | None:
+        """The global body once, the clients' heads stacked (batched personal evaluation)."""
+        model = self.eval_model
+        heads = torch.stack([self._head(c) for c in client_ids])
+        shared = named_views(state.params, model, self.shared(model))
+        shared.update(model.named_buffers())
+        stacked = named_views(heads, model, list(model.head.parameters()))
+        return PersonalBatch(model, shared, stacked)
 
     def eavesdropped_model(self, payload: Message, upload: Message) -> nn.Module | None:
         """The uploaded body with the initial head: the client's own head never travels."""

@@ -32,6 +32,24 @@ class BuildContext:
     model_args: dict = field(default_factory=dict)  # data-derived factory args (input_shape...)
 
 
+@dataclass
+class PersonalBatch:
+    """Several clients' personal models of one architecture, for a batched evaluation.
+
+    `model` is the architecture (a resident module, run with `torch.func.functional_call`);
+    `shared` holds the parameters and buffers every client of the batch has in common (by
+    `model.named_parameters()` / `named_buffers()` name), `stacked` the others with a leading
+    client dimension; `attrs` / `shared_attrs` are per-client plain attributes of submodules
+    (submodule name -> {attribute: value}), stacked or common.
+    """
+
+    model: nn.Module
+    shared: dict[str, torch.Tensor]
+    stacked: dict[str, torch.Tensor]
+    attrs: dict[str, dict] = field(default_factory=dict)
+    shared_attrs: dict[str, dict] = field(default_factory=dict)
+
+
 class Algorithm:
     """Base class. Subclasses implement the server half and the client hooks.
 
@@ -91,6 +109,15 @@ class Algorithm:
         """Client `client_id`'s own model, or None where the algorithm has none."""
         return None
 
+    def personal_models(
+        self, state: ServerState, client_ids: Sequence[int]
+    ) -> PersonalBatch | None:
+        """The personal models of `client_ids` as one `PersonalBatch`, or None (the default):
+        evaluation then reads `personal_model` client by client and stacks what it finds. An
+        algorithm whose clients share most of their model (FedRep's body) overrides this to
+        hand over the stacked personal part directly."""
+        return None
+
     def eavesdropped_model(self, payload: Message, upload: Message) -> nn.Module | None:
         """The model an eavesdropper who sees a round's broadcast `payload` and one client's
         `upload` can rebuild (for the membership-inference audit), or None where it cannot.
@@ -129,3 +156,14 @@ def load_flat(params: Sequence[nn.Parameter], flat: torch.Tensor) -> None:
         n = p.numel()
         p.copy_(flat[offset : offset + n].view_as(p))
         offset += n
+
+
+def named_views(
+    flat: torch.Tensor, model: nn.Module, params: Sequence[nn.Parameter]
+) -> dict[str, torch.Tensor]:
+    """`flat` (the concatenation of `params`, optionally with a leading batch dimension) as
+    views shaped like `params`, keyed by their names in `model`."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    lead = flat.shape[:-1]
+    chunks = flat.split([p.numel() for p in params], dim=-1)
+    return {names[id(p)]: c.reshape(*lead, *p.shape) for p, c in zip(params, chunks)}

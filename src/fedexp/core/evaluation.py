@@ -3,6 +3,8 @@ split) and each client's personal model on its local test split."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from torch import nn
@@ -11,6 +13,7 @@ from fedexp.core.algorithm import Algorithm
 from fedexp.core.types import ServerState
 
 EVAL_BATCH = 4096
+PERSONAL_SAMPLE_STREAM = 7177  # the seed stream of the `eval.personal_clients` sample
 
 
 @torch.no_grad()
@@ -20,6 +23,18 @@ def correct_counts(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.
     out = [
         model(x[i : i + EVAL_BATCH]).argmax(1) == y[i : i + EVAL_BATCH]
         for i in range(0, len(y), EVAL_BATCH)
+    ]
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.bool, device=y.device)
+
+
+@torch.no_grad()
+def indexed_hits(model: nn.Module, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor):
+    """`correct_counts(model, x[idx], y[idx])`, gathering one batch at a time (no copy of the
+    indexed samples: the same batches, so the same values)."""
+    model.eval()
+    out = [
+        model(x[idx[i : i + EVAL_BATCH]]).argmax(1) == y[idx[i : i + EVAL_BATCH]]
+        for i in range(0, len(idx), EVAL_BATCH)
     ]
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.bool, device=y.device)
 
@@ -36,8 +51,9 @@ def client_accuracies(model: nn.Module, data, split: str = "test") -> np.ndarray
     rounds, cost more than the training itself on a GPU). Per-client sums of hits are exact,
     so the values equal those of a per-client `accuracy` loop.
     """
-    x, y, owner = data.pooled_local(split)
-    hits = correct_counts(model, x, y).float()
+    idx, _ = data.local_index(split)
+    owner = data.owners(split)
+    hits = indexed_hits(model, data.x, data.y, idx).float()
     n = data.num_clients
     totals = torch.bincount(owner, weights=hits, minlength=n).float()
     counts = torch.bincount(owner, minlength=n).float()
@@ -71,12 +87,30 @@ def group_metrics(accs: np.ndarray, groups: list[str]) -> dict[str, float]:
     return out
 
 
-def evaluate(algorithm: Algorithm, state: ServerState, data) -> tuple[dict, dict]:
+def personal_sample(num_clients: int, count: int | None, seed: int) -> np.ndarray:
+    """The clients whose personal models are evaluated: all (`count` None), or a sorted sample
+    of `count` drawn from the seed alone, so every evaluation of a run sees the same clients."""
+    if count is None or count >= num_clients:
+        return np.arange(num_clients)
+    rng = np.random.default_rng([seed, PERSONAL_SAMPLE_STREAM])
+    return np.sort(rng.choice(num_clients, count, replace=False))
+
+
+def evaluate(
+    algorithm: Algorithm,
+    state: ServerState,
+    data,
+    personal_clients: int | None = None,
+    seed: int = 0,
+) -> tuple[dict, dict]:
     """Returns (scalar metrics, per-client accuracy lists).
 
     Test metrics are `eval/global/...` and `eval/personal/...`; where the clients have validation
     splits the same measures on validation data are `eval/val/global/...` (the pooled validation
-    set is the union of the local validation splits) and `eval/val/personal/...`.
+    set is the union of the local validation splits) and `eval/val/personal/...`. Personal models
+    are evaluated in batched passes (`fedexp.core.personal_eval`), of every client or, with
+    `personal_clients`, of a seeded sample of that many (`personal_sample`; their ids are then
+    listed under `personal_clients`).
     """
     metrics: dict[str, float] = {}
     per_client: dict[str, list[float]] = {}
@@ -84,9 +118,14 @@ def evaluate(algorithm: Algorithm, state: ServerState, data) -> tuple[dict, dict
     prefix = {"test": "eval", "val": "eval/val"}
     model = algorithm.global_model(state)
     if model is not None:
-        metrics["eval/global/acc"] = accuracy(model, data.test_x, data.test_y)
+        if data.test_is_pooled:  # the union of the local test splits, read in place
+            hits = indexed_hits(model, data.x, data.y, data.local_index("test")[0])
+            metrics["eval/global/acc"] = float(hits.float().mean()) if len(hits) else math.nan
+        else:
+            metrics["eval/global/acc"] = accuracy(model, data.test_x, data.test_y)
         if "val" in splits:
-            metrics["eval/val/global/acc"] = accuracy(model, *data.pooled_val())
+            hits = indexed_hits(model, data.x, data.y, data.local_index("val")[0])
+            metrics["eval/val/global/acc"] = float(hits.float().mean()) if len(hits) else math.nan
         for split in splits:
             accs = client_accuracies(model, data, split)
             # the global model on each client's split: eval/global/client_acc_mean|std|...
@@ -94,20 +133,21 @@ def evaluate(algorithm: Algorithm, state: ServerState, data) -> tuple[dict, dict
             metrics.update({k.replace("client/acc", "client_acc"): v for k, v in spread.items()})
             if split == "test":
                 per_client["global"] = accs.tolist()
-    personal: dict[str, list[float]] = {split: [] for split in splits}
-    for c in range(data.num_clients):
-        m = algorithm.personal_model(state, c)
-        if m is None:
-            break
-        for split in splits:
-            personal[split].append(accuracy(m, *data.local(c, split)))
-    for split in splits:
-        if personal[split]:
-            accs = np.array(personal[split])
-            metrics.update(distribution(f"{prefix[split]}/personal", accs))
-            if split == "test":
-                per_client["personal"] = accs.tolist()
+    from fedexp.core.personal_eval import personal_accuracies
+
+    clients = personal_sample(data.num_clients, personal_clients, seed)
+    personal = personal_accuracies(algorithm, state, data, clients, splits)
+    for split in splits if personal is not None else ():
+        accs = personal[split]
+        metrics.update(distribution(f"{prefix[split]}/personal", accs))
+        if split == "test":
+            per_client["personal"] = accs.tolist()
+            if personal_clients is not None:
+                per_client["personal_clients"] = clients.tolist()
     if data.groups is not None and per_client:
-        accs = np.array(per_client.get("personal", per_client.get("global")))
-        metrics.update(group_metrics(accs, data.groups))
+        if "personal" in per_client:
+            accs, groups = np.array(per_client["personal"]), np.array(data.groups)[clients]
+        else:
+            accs, groups = np.array(per_client["global"]), data.groups
+        metrics.update(group_metrics(accs, list(groups)))
     return metrics, per_client

@@ -50,6 +50,7 @@ class Orchestrator:
         clients_per_round: int,
         eval_every: int,
         callbacks: Sequence[Callback] = (),
+        personal_clients: int | None = None,
     ):
         self.algorithm = algorithm
         self.executor = executor
@@ -59,6 +60,7 @@ class Orchestrator:
         self.rounds = rounds
         self.clients_per_round = clients_per_round
         self.eval_every = eval_every
+        self.personal_clients = personal_clients  # None: every client's personal model
         self.callbacks = list(callbacks)
         self.train_data = attack.wrap_data(data)
         self.totals = {"comm/up_bits_total": 0, "comm/down_bits_total": 0}
@@ -118,7 +120,9 @@ class Orchestrator:
             self.state, self.round = state, t
             evaluated = t % self.eval_every == 0 or t == self.rounds
             if evaluated:
-                scalars, self.client_accs = evaluate(self.algorithm, state, self.data)
+                scalars, self.client_accs = evaluate(
+                    self.algorithm, state, self.data, self.personal_clients, self.seed
+                )
                 metrics.update(scalars)
                 self.last_eval = metrics
                 for callback in self.callbacks:  # audits add their metrics to the round's

@@ -127,6 +127,7 @@ SCALARS: dict[str, tuple[Any, tuple[str, float] | None]] = {
     "num_clients": (int, (">=", 1)),
     "clients_per_round": (int, (">=", 1)),
     "eval_every": (int, (">=", 1)),
+    "eval.personal_clients": (int | None, (">=", 1)),
     "device": (str, None),
     "progress": (bool, None),
     "objective": (str | None, None),
@@ -229,6 +230,16 @@ def checkpoint_every_is_a_count(cfg: DictConfig) -> None:
     every = cfg.get("checkpoint_every", 0)
     if not isinstance(every, int) or isinstance(every, bool) or every < 0:
         raise ConfigError(f"checkpoint_every: must be an integer >= 0, got {every!r}")
+
+
+@config_rule
+def personal_sample_fits_the_population(cfg: DictConfig) -> None:
+    count = OmegaConf.select(cfg, "eval.personal_clients", default=None)
+    if isinstance(count, int) and count > cfg.num_clients:
+        raise ConfigError(
+            f"eval.personal_clients: {count} exceeds num_clients={cfg.num_clients}; "
+            "null evaluates every client"
+        )
 
 
 @config_rule

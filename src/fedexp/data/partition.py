@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedexp.data.class_deal import blind_shards, deal_classes
+from fedexp.data.split import Split
 from fedexp.errors import ConfigError
 
 # bump when a scheme's output for the same inputs changes: older cached partitions are not reused
@@ -20,12 +21,18 @@ PARTITION_VERSION = 2
 
 @dataclass
 class Partition:
-    """Per-client index arrays into the dataset's training pool."""
+    """Per-client index sets into the dataset's training pool (lists of arrays are converted
+    to `Split`s)."""
 
-    train: list[np.ndarray]
-    test: list[np.ndarray]
+    train: Split
+    test: Split
     groups: list[str] | None = None
-    val: list[np.ndarray] | None = None  # local validation splits (None: no validation split)
+    val: Split | None = None  # local validation splits (None: no validation split)
+
+    def __post_init__(self) -> None:
+        self.train = Split.of(self.train)
+        self.test = Split.of(self.test)
+        self.val = None if self.val is None else Split.of(self.val)
 
     @property
     def num_clients(self) -> int:
@@ -125,7 +132,7 @@ def natural(
     min_samples: int,
     max_clients: int | None,
     **_,
-) -> list[np.ndarray]:
+) -> Split:
     """One client per natural owner (writer, user, generating client), in owner order.
 
     Owners with fewer than `min_samples` samples are dropped; if more than `max_clients` remain,
@@ -149,9 +156,13 @@ def natural(
             f"got {num_clients}"
         )
     # group sample indices by owner in one sort (a mask per owner is quadratic for FEMNIST)
-    order = np.argsort(np.searchsorted(owners, client_ids), kind="stable")
-    groups = np.split(order, np.cumsum(counts)[:-1])
-    return [groups[o] for o in eligible]
+    owner = np.searchsorted(owners, client_ids)
+    if len(eligible) < len(owners):
+        keep = np.zeros(len(owners), dtype=bool)
+        keep[eligible] = True
+        owner = np.where(keep[owner], owner, len(owners))  # dropped owners sort last
+    order = np.argsort(owner, kind="stable")[: counts[eligible].sum()]
+    return Split(order, np.concatenate([[0], np.cumsum(counts[eligible])]))
 
 
 def multimodal(
@@ -219,37 +230,53 @@ def multimodal(
 
 
 def local_split(
-    parts: list[np.ndarray],
+    parts: Split | list[np.ndarray],
     test_fraction: float,
     rng: np.random.Generator,
     val_fraction: float = 0.0,
-) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+) -> tuple[Split, Split, Split]:
     """Split each client's indices into local train/validation/test.
 
     A client with at least two samples keeps at least one test sample (if `test_fraction` > 0);
     one with at least three keeps at least one validation sample too (if `val_fraction` > 0), and
     at least one training sample always. The test split is drawn first, from the same permutation,
     so `val_fraction=0` leaves the train/test split exactly as it was without validation.
+
+    Each client's permutation is drawn in place on its slice of one flat array, in client order
+    (the stream of one `rng.permutation` per client); the cuts and the per-client sorting are
+    vectorised (one sort of the whole pool).
     """
-    train, val, test = [], [], []
-    for p in parts:
-        perm = rng.permutation(p)
-        n_test = int(round(test_fraction * len(p)))
-        if test_fraction > 0 and len(p) >= 2:
-            n_test = max(1, n_test)
-        n_val = int(round(val_fraction * len(p)))
-        if val_fraction > 0 and len(p) >= 3:
-            n_val = max(1, n_val)
-        n_val = max(0, min(n_val, len(p) - n_test - 1))
-        test.append(np.sort(perm[:n_test]))
-        val.append(np.sort(perm[n_test : n_test + n_val]))
-        train.append(np.sort(perm[n_test + n_val :]))
+    parts = Split.of(parts)
+    sizes, offsets = parts.sizes, parts.offsets
+    perm = parts.flat.copy()
+    for c in range(len(parts)):
+        rng.shuffle(perm[offsets[c] : offsets[c + 1]])  # what rng.permutation(part) draws
+    n_test = np.rint(test_fraction * sizes).astype(np.int64)
+    if test_fraction > 0:
+        n_test = np.where(sizes >= 2, np.maximum(1, n_test), n_test)
+    n_val = np.rint(val_fraction * sizes).astype(np.int64)
+    if val_fraction > 0:
+        n_val = np.where(sizes >= 3, np.maximum(1, n_val), n_val)
+    n_val = np.maximum(0, np.minimum(n_val, sizes - n_test - 1))
+    num, n = len(parts), max(1, int(perm.max(initial=0)) + 1)
+    owner = parts.owners()
+    pos = np.arange(len(perm)) - offsets[owner]
+    kind = (pos >= n_test[owner]).astype(np.int64) + (pos >= (n_test + n_val)[owner])
+    # one sort by (kind, client, index): each kind's clients in order, each client's sorted
+    key = np.sort((kind * num + owner) * n + perm)
+    del owner, pos, kind
+    segment = key // n
+    counts = np.bincount(segment, minlength=3 * num).reshape(3, num)
+    bounds = np.concatenate([[0], np.cumsum(counts.sum(1))])
+    flat = key - segment * n
+    test, val, train = (
+        Split(flat[bounds[k] : bounds[k + 1]], np.concatenate([[0], np.cumsum(counts[k])]))
+        for k in range(3)
+    )
     return train, val, test
 
 
-def reduce_clients(
-    train: list[np.ndarray], fraction: float, factor: float, seed: int
-) -> list[np.ndarray]:
+def reduce_clients(train: Split, fraction: float, factor: float, seed: int) -> Split:
     """A random `fraction` of the clients keeps a random `factor` of its training samples.
 
     FedHeNN's sensitivity study (halve the data of 0-100 % of the clients). Local test splits
@@ -267,9 +294,12 @@ def reduce_clients(
     for c in np.sort(chosen):
         keep = max(1, int(round(factor * len(out[c]))))
         out[c] = np.sort(rng.choice(out[c], keep, replace=False))
-    return out
+    return Split.of(out)
 
 
 def class_counts(labels: np.ndarray, partition: Partition, num_classes: int) -> np.ndarray:
-    """(num_clients, num_classes) training-sample counts."""
-    return np.stack([np.bincount(labels[idx], minlength=num_classes) for idx in partition.train])
+    """(num_clients, num_classes) training-sample counts (one bincount over the whole pool)."""
+    train = Split.of(partition.train)
+    num = len(train)
+    cells = train.owners() * num_classes + labels[train.flat]
+    return np.bincount(cells, minlength=num * num_classes).reshape(num, num_classes)

@@ -12,12 +12,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from fedexp.data.split import Split
+
 if TYPE_CHECKING:
     from fedexp.data.partition import Partition
 
 
-def _pack(arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    return np.concatenate(arrays).astype(np.int64), np.cumsum([0] + [len(a) for a in arrays])
+def _pack(split) -> tuple[np.ndarray, np.ndarray]:
+    split = Split.of(split)
+    return split.flat, split.offsets
 
 
 def digest(values: np.ndarray) -> str:
@@ -56,7 +59,7 @@ def save(path: Path, partition: Partition) -> None:
 def load(path: Path, num_clients: int, n: int) -> Partition | None:
     """The cached partition, or None if the file is missing, truncated or inconsistent."""
 
-    def unpack(v: np.ndarray, off: np.ndarray) -> list[np.ndarray]:
+    def unpack(v: np.ndarray, off: np.ndarray) -> Split:
         valid = (
             v.ndim == off.ndim == 1
             and len(off) == num_clients + 1
@@ -67,7 +70,7 @@ def load(path: Path, num_clients: int, n: int) -> Partition | None:
         )
         if not valid:
             raise ValueError(f"inconsistent partition cache {path}")
-        return [v[off[i] : off[i + 1]] for i in range(num_clients)]
+        return Split(v, off)
 
     try:
         with np.load(path) as z:

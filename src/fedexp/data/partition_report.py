@@ -8,12 +8,29 @@ import numpy as np
 
 from fedexp.data.partition import class_counts
 
+MAX_ROWS = 200  # beyond this many clients the plot shows a representative subset of rows
+
+
+def plot_rows(counts: np.ndarray, max_rows: int = MAX_ROWS) -> np.ndarray:
+    """The clients the plot shows: all of them up to `max_rows`; beyond, `max_rows` clients
+    evenly spaced through the population sorted by dominant class, then by its share (so every
+    dominant class appears in proportion and the rows stay readable at any population)."""
+    num = len(counts)
+    if num <= max_rows:
+        return np.arange(num)
+    sizes = np.maximum(counts.sum(1), 1)
+    top = counts.argmax(1)
+    share = counts[np.arange(num), top] / sizes
+    order = np.lexsort((-share, top))
+    return order[np.linspace(0, num - 1, max_rows).round().astype(np.int64)]
+
 
 def plot_label_distribution(counts: np.ndarray, path: str | Path, title: str = "") -> Path:
     """Write a PNG of per-client class shares (rows sum to 1) and per-client training sizes.
 
     Shares rather than counts, so that clients of very different sizes (natural splits) are
-    comparable; the bar panel on the right gives the sizes.
+    comparable; the bar panel on the right gives the sizes. Past `MAX_ROWS` clients, the rows
+    are the `plot_rows` subset (labelled with their client ids; the CSV keeps every client).
     """
     import matplotlib
 
@@ -21,7 +38,10 @@ def plot_label_distribution(counts: np.ndarray, path: str | Path, title: str = "
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    counts = np.asarray(counts, dtype=np.float64)
+    counts = np.asarray(counts)
+    population = len(counts)
+    rows = plot_rows(counts)
+    counts = counts[rows].astype(np.float64)
     num_clients, num_classes = counts.shape
     sizes = counts.sum(1)
     shares = counts / np.maximum(sizes, 1)[:, None]
@@ -38,9 +58,17 @@ def plot_label_distribution(counts: np.ndarray, path: str | Path, title: str = "
     image = ax.imshow(shares, aspect="auto", cmap="viridis", vmin=0, vmax=1, interpolation="none")
     ax.set_xlabel("class")
     ax.set_ylabel("client")
-    ax.set_title(title or f"{num_clients} clients x {num_classes} classes", fontsize=10)
-    for axis in (ax.xaxis, ax.yaxis):
-        axis.set_major_locator(MaxNLocator(integer=True))
+    heading = title or f"{population} clients x {num_classes} classes"
+    if num_clients < population:
+        heading += f"\n{num_clients} of {population} clients shown, by dominant class"
+        ax.set_ylabel("client (id)")
+    ax.set_title(heading, fontsize=10)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=20))
+    if num_clients < population:
+        ax.yaxis.set_major_formatter(
+            lambda v, _: str(rows[int(v)]) if 0 <= int(v) < num_clients else ""
+        )
     bar.barh(np.arange(num_clients), sizes, height=0.8, color="gray")
     bar.set_xlabel("training samples")
     fig.colorbar(
@@ -75,13 +103,16 @@ def write_partition_stats(
         f"class_{c}" for c in range(counts.shape[1])
     )
     part = data.partition
-    groups = data.groups or [""] * len(counts)
-    n_val = [len(v) for v in part.val] if part.val is not None else [0] * len(counts)
-    rows = [
-        f"{c},{groups[c]},{len(part.train[c])},{len(part.test[c])},{n_val[c]},"
-        + ",".join(map(str, counts[c]))
-        for c in range(len(counts))
-    ]
-    path.write_text("\n".join([header, *rows]) + "\n")
+    num = len(counts)
+    n_val = part.val.sizes if part.val is not None else np.zeros(num, dtype=np.int64)
+    table = np.column_stack([part.train.sizes, part.test.sizes, n_val, counts])
+    if data.groups is None:  # every cell an integer: one C-level format of the whole table
+        row = "%d,," + ",".join(["%d"] * table.shape[1]) + "\n"
+        cells = np.column_stack([np.arange(num), table]).ravel().tolist()
+        body = (row * num) % tuple(cells)
+    else:
+        rows = zip(data.groups, table.tolist())
+        body = "".join(f"{c},{g}," + ",".join(map(str, r)) + "\n" for c, (g, r) in enumerate(rows))
+    path.write_text(header + "\n" + body)
     plot = plot_label_distribution(counts, run_dir / "partition_labels.png", title)
     return ((plot, "partition/label_distribution"), (path, "partition/class_counts"))

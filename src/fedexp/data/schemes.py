@@ -128,7 +128,7 @@ class Scheme:
         train, val, test = P.local_split(parts, self.test_fraction, rng, self.val_fraction)
         if self.reduces:
             train = P.reduce_clients(train, self.reduce_fraction, self.reduce_factor, seed)
-        if min(len(t) for t in train) == 0:
+        if len(train) and train.sizes.min() == 0:
             raise ConfigError(
                 f"num_clients: {num_clients} clients leave some with no training data"
             )

@@ -142,7 +142,7 @@ class Sent140Encoder:
 
     def __call__(self, dataset: Dataset, partition) -> Dataset:
         rows = dataset.train_x.numpy()  # row numbers into train_texts, aligned with train_y
-        fit = rows[np.concatenate(partition.train)]
+        fit = rows[partition.train.flat]
         fit_tokens = [self.split(self.train_texts[r]) for r in fit]
         pretrained = None
         if self.glove_path:
@@ -158,7 +158,8 @@ class Sent140Encoder:
             pretrained = torch.from_numpy(table)
         else:
             vocab = Vocabulary.fit(fit_tokens, self.min_count, self.max_vocab)
-        used = np.concatenate([*partition.train, *(partition.val or []), *partition.test])
+        val = [] if partition.val is None else [partition.val.flat]
+        used = np.concatenate([partition.train.flat, *val, partition.test.flat])
         train_x = torch.zeros(len(rows), self.seq_len, dtype=torch.long)
         train_x[used] = vocab.encode(
             (self.train_texts[r] for r in rows[used]), self.seq_len, self.split
