@@ -170,7 +170,17 @@ def _evaluate(batch: PersonalBatch, ids: np.ndarray, data, splits) -> dict[str, 
             vars(modules[name]).update(values)
         return functional_call(model, {**batch.shared, **params}, (x,))
 
-    batched_forward = vmap(forward, in_dims=(0, 0, 0), randomness="different")
+    def looped_forward(stacked, attrs, x):  # the same calls one client at a time
+        def row(i):
+            return tree_map(lambda v: v[i] if torch.is_tensor(v) else v, (stacked, attrs))
+
+        return torch.stack([forward(*row(i), x[i]) for i in range(len(x))])
+
+    # torch.func has no batching rule for the recurrent kernels (aten::lstm): loop over clients
+    recurrent = any(isinstance(m, nn.RNNBase) for m in model.modules())
+    batched_forward = (
+        looped_forward if recurrent else vmap(forward, in_dims=(0, 0, 0), randomness="different")
+    )
     out = {}
     try:
         for name, values in batch.shared_attrs.items():
