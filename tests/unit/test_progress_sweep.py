@@ -42,6 +42,7 @@ def test_one_line_per_evaluated_round_with_rate_and_eta(clock, capsys, caplog):
     clock[0] += 3.0
     lines.on_round_end(report(3, evaluated=False, **{"train/loss": 0.9}))
     clock[0] += 7.0  # 10 s for 5 rounds: 2 s/round, 15 rounds left
+    caplog.clear()  # the start line is logged too where an earlier test left INFO on
     with caplog.at_level(logging.INFO, logger="fedexp.progress"):
         lines.on_round_end(report(5, **{"train/loss": 0.5, "eval/val/global/acc": 0.75}))
     out = capsys.readouterr().out.splitlines()
