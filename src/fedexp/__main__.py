@@ -304,6 +304,11 @@ def instantiate_logger(node, run_dir: Path, name: str = "logger"):
 
 def main() -> None:
     # torch is imported only to run: --help, --cfg, tab completion and config errors go without
+    from fedexp.cli_help import help_text, wants_help
+
+    if wants_help(sys.argv[1:]):
+        print(help_text(Path(find_conf())), end="")
+        return
     if int(os.environ.get("WORLD_SIZE", 1)) > 1:
         from fedexp.core.distributed import prepare_rank
 

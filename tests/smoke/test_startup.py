@@ -69,3 +69,20 @@ def test_the_help_page_lists_the_groups_examples_and_outputs(tmp_path):
         ["python", "-m", "fedexp"]
     ] * 5
     assert "outputs/runs/<date>/<time>/" in out
+
+
+def test_the_help_page_lists_every_option_a_user_picks_and_no_internal_table(tmp_path):
+    out = probe(tmp_path, "--help").stdout
+    listed = {
+        line.split(": ")[0]: set(line.split(": ")[1].split(", "))
+        for line in out.split("== Config groups (group=option) ==")[1].split("==")[0].splitlines()
+        if ": " in line
+    }
+    conf = REPO / "conf"
+    picked = {"algorithm", "dataset", "model", "partition", "attack", "aggregator", "experiment"}
+    for group in picked:  # every option on disk, shared partials (_*.yaml) left out
+        on_disk = {p.stem for p in (conf / group).glob("*.yaml") if not p.stem.startswith("_")}
+        assert listed[group] == on_disk, group
+    assert {"scaffold", "dp_fedavg", "centralised"} <= listed["algorithm"]
+    assert not {"paper_algorithm", "experiment_algorithm", "attack_paper"} & set(listed)
+    assert listed["hydra/launcher"] == {"parallel", "slurm_gpu"}
