@@ -67,8 +67,8 @@ class SweepSummary(Callback):
 def sweep_rows(runs: list) -> tuple[list[str], list[str], list[list[str]]]:
     """(the keys that differ, the column heads, one row of cells per group) of a sweep's runs.
 
-    Cells are mean ± sample std (ddof = 1, as in the report) over the completed runs of a group (its seeds); the
-    `runs` cell counts the others by status (`2 (+1 diverged)`).
+    Cells are mean ± sample std (ddof = 1, as in the report) over the completed runs of a group
+    (its seeds); the `runs` cell counts the others by status (`2 (+1 diverged)`).
     """
     groups, keys = group_runs(runs)
     objectives = {r.summary.objective.name for r in runs if r.summary.objective is not None}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 
+import pytest
 import torch
 from tests.conftest import REPO
 
@@ -30,6 +31,7 @@ def test_bench_digits_plain_loop_is_the_same_training(capsys):
     assert "fedexp sequential / plain" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # a process per (algorithm, population): make test-full
 def test_bench_scale_reports_every_population_and_algorithm(capsys):
     """`--workload scale` at tiny populations: one child process per run, its figures sane."""
     sys.path.insert(0, str(REPO / "scripts"))

@@ -7,6 +7,7 @@ preset with the paper's own baselines); the paper's config names the command tha
 from __future__ import annotations
 
 import pytest
+
 from unit.test_presets_baselines import CONF, SHARED, load, target
 
 # paper: (a preset of it, the newer baselines its paper config lists)

@@ -14,8 +14,9 @@ per client.
 Clients train nothing (an idle module with no phases) and nothing is communicated: the data is
 assumed pooled, so comm bits are 0 each way and there is no upload to rebuild a model from.
 The server trains on the clean pooled data, so every attack (they act on what clients train
-on or upload) is refused before training (`clients_train = False`). Only global metrics are reported. Randomness (shuffles, dropout)
-is a function of (seed, round), so a resumed run continues exactly.
+on or upload) is refused before training (`clients_train = False`). Only global metrics are
+reported. Randomness (shuffles, dropout) is a function of (seed, round), so a resumed run
+continues exactly.
 """
 
 from __future__ import annotations
