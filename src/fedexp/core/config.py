@@ -152,6 +152,18 @@ def _not_an_option(group: str, key: str, target_name: str, options: set, runtime
     )
 
 
+def _all_plain(args: list[str], conf_dir: str) -> bool:
+    """Every override selects a group or sets a top-level key of config.yaml (no dotted key)."""
+    import yaml
+
+    keys = [a.partition("=")[0] for a in args]
+    if any("." in k or "/" in k or k[:1] in "+~" or "=" not in a for k, a in zip(keys, args)):
+        return False
+    conf = Path(conf_dir)
+    top = yaml.safe_load((conf / "config.yaml").read_text()) or {}
+    return all(k in top or (conf / k).is_dir() for k in keys)
+
+
 def add_target_keys(args: list[str], conf_dir: str) -> list[str]:
     """Let `group.key=value` reach `build` when the group's YAML lacks `key`.
 
@@ -162,6 +174,8 @@ def add_target_keys(args: list[str], conf_dir: str) -> list[str]:
     key is a one-line ConfigError here. Multirun and flag arguments are left to Hydra.
     """
     if any(a.startswith("-") for a in args):
+        return args
+    if _all_plain(args, conf_dir):  # nothing a composition could find missing: skip it (~0.7 s)
         return args
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
