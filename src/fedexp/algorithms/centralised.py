@@ -113,10 +113,6 @@ class Centralised(Algorithm):
         load_flat(list(self.eval_model.parameters()), state.params)
         return self.eval_model
 
-    def eavesdropped_model(self, payload: Message, upload: Message) -> nn.Module | None:
-        """None: nothing travels, so an eavesdropper rebuilds no model."""
-        return None
-
     def describe(self) -> dict[str, float]:
         total = sum(p.numel() for p in self.eval_model.parameters())
         return {"params/total": total, "params/uploaded_per_client": 0}

@@ -201,9 +201,6 @@ class FedProto(Algorithm):
         load_flat(list(model.parameters()), self.client_params(client_id))
         return model
 
-    def eavesdropped_model(self, payload: Message, upload: Message) -> nn.Module | None:
-        """None: only class prototypes travel; no model can be rebuilt from them."""
-
     def state_is_finite(self, state: ServerState) -> bool:
         return bool(torch.isfinite(state.buffers["protos"]).all())
 

@@ -74,10 +74,6 @@ class Local(Algorithm):
         load_flat(self._params(self.eval_model), self.store.get(client_id, self._initial))
         return self.eval_model
 
-    def eavesdropped_model(self, payload: Message, upload: Message) -> nn.Module | None:
-        """None: nothing travels, so an eavesdropper rebuilds no model."""
-        return None
-
     def describe(self) -> dict[str, float]:
         total = sum(p.numel() for p in self.eval_model.parameters())
         return {"params/total": total, "params/uploaded_per_client": 0}
