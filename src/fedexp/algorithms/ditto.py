@@ -28,9 +28,10 @@ import torch
 from torch import nn
 
 from fedexp.algorithms.fedavg import FedAvg
-from fedexp.core.algorithm import BuildContext, flat_params, load_flat
+from fedexp.core.algorithm import BuildContext
 from fedexp.core.client import ClientModule, Phase
 from fedexp.core.local import ClientConfig, LocalTraining
+from fedexp.core.running_stats import load_model_state, model_state
 from fedexp.core.types import ConfigError, Message, ServerState
 
 
@@ -97,7 +98,8 @@ class Ditto(FedAvg):
 
     def init_state(self) -> ServerState:
         state = super().init_state()
-        state.buffers["initial"] = state.params.clone()  # v_k of a client never sampled
+        # v_k of a client never sampled: the initial weights, then its running statistics
+        state.buffers["initial"] = model_state(self.eval_model)  # holds w^0 after super()
         self.on_resume(state)
         return state
 
@@ -109,16 +111,16 @@ class Ditto(FedAvg):
 
     def client_begin(self, module: DittoModule, client_id: int, payload: Message) -> None:
         super().client_begin(module, client_id, payload)
-        load_flat(self.shared(module.personal), self._personal(client_id))
+        load_model_state(module.personal, self._personal(client_id))
         # new tensors every client (the vectorized executor stacks them; nothing is shared)
         module.anchor = [p.detach().clone() for p in self.shared(module.model)]
 
     def client_end(
         self, module: DittoModule, client_id: int, payload: Message, training: LocalTraining
     ) -> Message:
-        self.store.put(client_id, flat_params(self.shared(module.personal)))
+        self.store.put(client_id, model_state(module.personal))
         return super().client_end(module, client_id, payload, training)
 
     def personal_model(self, state: ServerState, client_id: int) -> nn.Module | None:
-        load_flat(self.shared(self.eval_model), self._personal(client_id))
+        load_model_state(self.eval_model, self._personal(client_id))
         return self.eval_model

@@ -32,6 +32,10 @@ accountant's epsilon at `delta`. `accounting`:
 
 `dp/clipped_fraction` and `dp/update_norm` (the cohort's mean norm before clipping) are
 diagnostics for choosing S; they are not privatized.
+
+BatchNorm running statistics are averages of a client's data that no clipping or noise covers:
+with clipping or noise, a model with them is refused before training; with neither (sigma = 0,
+clip null: FedAvg exactly) they are averaged as FedAvg averages them.
 """
 
 from __future__ import annotations
@@ -144,6 +148,14 @@ class DPFedAvg(FedAvg):
         self.cap = float(sizes.max()) if weight_cap is None else float(weight_cap)
         self.total_weight = float(self.client_weights_of(sizes).sum())  # W, over all N clients
         self.accountants: dict[int, Accountant] = {}  # cohort size -> its accountant
+        if self.stat_buffers(self.eval_model) and (self.clip is not None or self.noise_multiplier):
+            # running statistics are averages of the clients' data that would travel unclipped
+            # and unnoised: privacy/epsilon would not cover them
+            raise ConfigError(
+                "model: dp_fedavg with clipping or noise cannot share BatchNorm running "
+                "statistics privately (epsilon would not cover them); use a model without "
+                "BatchNorm (e.g. model=mlp or cnn)"
+            )
 
     def client_weights_of(self, sizes: torch.Tensor) -> torch.Tensor:
         """w_k: 1 (uniform) or min(n_k / w_hat, 1) (samples), on the sizes' device."""
@@ -185,7 +197,8 @@ class DPFedAvg(FedAvg):
                 0.0 if self.clip is None else float((norms > self.clip).float().mean())
             ),
         }
-        return ServerState(state.params + step, buffers), metrics
+        # statistics only where no privacy is claimed (refused in __init__ otherwise)
+        return self.with_averaged_stats(ServerState(state.params + step, buffers), results), metrics
 
     def epsilon(self, cohort: int, rounds: int) -> float:
         """`privacy/epsilon` after `rounds` rounds (inf without clipping or noise)."""

@@ -5,6 +5,13 @@ so a subclass whose payload carries more than the weights keeps these hooks. Cli
 delta w_k - w; the server applies w <- w + server_lr * v, with
 v <- server_momentum * v + agg(deltas). With server_lr = 1 and no momentum this is
 w <- sum_k (n_k / n) w_k. The aggregator is injected (mean, or a robust one).
+
+Running statistics (BatchNorm's running mean, variance and batch count) travel with the layers
+whose parameters travel: the server broadcasts the global model's, each client loads them before
+training and uploads its own after, and the server replaces them by their weighted mean with the
+clients' weights p_k (`client_weights`), whatever the aggregator and the server step do to the
+parameters: statistics are averaged, not optimised. Attacks leave them as the clients computed
+them. The ledger counts them as floats, both ways.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from torch import nn
 from fedexp.core.algorithm import Algorithm, BuildContext, flat_params, load_flat
 from fedexp.core.client import ClientModule
 from fedexp.core.local import LocalTraining
+from fedexp.core.running_stats import flat_stats, load_stats, norm_layers, running_buffers
 from fedexp.core.seeding import INIT, derive_seed
 from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext, ServerState, Weights
 
@@ -63,6 +71,21 @@ class FedAvg(Algorithm):
             cache[model] = tuple(model.parameters())
         return list(cache[model])
 
+    def stat_buffers(self, model: nn.Module) -> list[torch.Tensor]:
+        """The running statistics that travel: those of every norm layer whose parameters all
+        travel (`shared`). FedRep's body shares its statistics, FedBN none."""
+        cache = self.__dict__.get("_stat_layers_cache")
+        if cache is None:
+            cache = self.__dict__["_stat_layers_cache"] = weakref.WeakKeyDictionary()
+        if model not in cache:
+            travel = {id(p) for p in self.shared(model)}
+            cache[model] = tuple(
+                m
+                for m in norm_layers(model)
+                if all(id(p) in travel for p in m.parameters(recurse=False))
+            )
+        return running_buffers(cache[model])
+
     # ---- server --------------------------------------------------------------------------------
     def init_state(self) -> ServerState:
         with torch.random.fork_rng(devices=[]):
@@ -70,7 +93,28 @@ class FedAvg(Algorithm):
             model = self.build_model()
         load_flat(list(self.module.model.parameters()), flat_params(list(model.parameters())))
         load_flat(list(self.eval_model.parameters()), flat_params(list(model.parameters())))
-        return ServerState(params=flat_params(self.shared(model)))
+        state = ServerState(params=flat_params(self.shared(model)))
+        stats = flat_stats(self.stat_buffers(model))
+        if stats is not None:  # the initial statistics (mean 0, variance 1, no batches)
+            state.buffers["stats"] = stats.to(self.device)
+        return state
+
+    def broadcast_stats(self, state: ServerState) -> torch.Tensor | None:
+        # kept for the round's `client_begin` calls (payload classes carry the weights only)
+        self._round_stats = state.buffers.get("stats")
+        return self._round_stats
+
+    def with_averaged_stats(
+        self, state: ServerState, results: Sequence[ClientResult]
+    ) -> ServerState:
+        """`state` with its running statistics replaced by the clients' weighted mean (the
+        clients' weights p_k). Every `aggregate` of this family ends with it."""
+        stats = [r.stats for r in results]
+        if not stats or any(s is None for s in stats):
+            return state
+        weights = self.client_weights(results).to(torch.float32)
+        mean = (weights / weights.sum()) @ torch.stack(stats).to(weights.device)
+        return ServerState(state.params, {**state.buffers, "stats": mean})
 
     def configure_round(self, state: ServerState, ctx: RoundContext) -> Mapping[int, Message]:
         payload = Weights(state.params)
@@ -98,7 +142,7 @@ class FedAvg(Algorithm):
             step = step if buf is None else self.server_momentum * buf + step
             buffers["momentum"] = step
         step = step if self.server_lr == 1.0 else self.server_lr * step  # x * 1.0 == x
-        return ServerState(state.params + step, buffers), {}
+        return self.with_averaged_stats(ServerState(state.params + step, buffers), results), {}
 
     # ---- client --------------------------------------------------------------------------------
     def client_module(self, client_id: int) -> ClientModule:
@@ -106,6 +150,15 @@ class FedAvg(Algorithm):
 
     def client_begin(self, module: ClientModule, client_id: int, payload: Message) -> None:
         load_flat(self.shared(module.model), payload.vector)
+        # the global statistics, not those the previous client left in the resident module
+        self.load_stats(module.model, self.__dict__.get("_round_stats"))
+
+    def client_stats(self, module: ClientModule) -> torch.Tensor | None:
+        return flat_stats(self.stat_buffers(module.model))
+
+    def load_stats(self, model: nn.Module, stats: torch.Tensor | None) -> None:
+        if stats is not None:
+            load_stats(self.stat_buffers(model), stats)
 
     def client_end(
         self, module: ClientModule, client_id: int, payload: Message, training: LocalTraining
@@ -115,6 +168,7 @@ class FedAvg(Algorithm):
     # ---- evaluation ----------------------------------------------------------------------------
     def global_model(self, state: ServerState) -> nn.Module | None:
         load_flat(self.shared(self.eval_model), state.params)
+        self.load_stats(self.eval_model, state.buffers.get("stats"))
         return self.eval_model
 
     def eavesdropped_model(self, payload: Message, upload: Message) -> nn.Module | None:
@@ -124,7 +178,11 @@ class FedAvg(Algorithm):
 
     def describe(self) -> dict[str, float]:
         total = sum(p.numel() for p in self.eval_model.parameters())
-        return {
+        stats = flat_stats(self.stat_buffers(self.eval_model))
+        out = {
             "params/total": total,
             "params/uploaded_per_client": len(flat_params(self.shared(self.eval_model))),
         }
+        if stats is not None:
+            out["params/running_stats_per_client"] = stats.numel()
+        return out

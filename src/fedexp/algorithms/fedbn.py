@@ -51,6 +51,9 @@ class FedBN(FedAvg):
             cache[model] = tuple(p for p in model.parameters() if id(p) not in local)
         return list(cache[model])
 
+    def stat_buffers(self, model: nn.Module) -> list[torch.Tensor]:
+        return []  # every BN layer's statistics stay on its client (affine or not)
+
     @staticmethod
     def local_state(model: nn.Module) -> list[torch.Tensor]:
         """Copies of the BN layers' parameters and buffers (running mean, variance, count)."""

@@ -117,4 +117,5 @@ class FedOpt(FedAvg):
             self.beta1,
             self.beta2,
         )
-        return ServerState(state.params + step, {**state.buffers, "m": m, "v": v}), {}
+        new = ServerState(state.params + step, {**state.buffers, "m": m, "v": v})
+        return self.with_averaged_stats(new, results), {}

@@ -82,12 +82,14 @@ class FedRep(FedAvg):
 
     def personal_model(self, state: ServerState, client_id: int) -> nn.Module | None:
         load_flat(self.shared(self.eval_model), state.params)
+        self.load_stats(self.eval_model, state.buffers.get("stats"))  # the body's, if any
         load_flat(list(self.eval_model.head.parameters()), self._head(client_id))
         return self.eval_model
 
     def personal_models(self, state: ServerState, client_ids) -> PersonalBatch | None:
         """The global body once, the clients' heads stacked (batched personal evaluation)."""
         model = self.eval_model
+        self.load_stats(model, state.buffers.get("stats"))  # the body's, if any
         heads = torch.stack([self._head(c) for c in client_ids])
         shared = named_views(state.params, model, self.shared(model))
         shared.update(model.named_buffers())

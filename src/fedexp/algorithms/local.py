@@ -15,9 +15,10 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-from fedexp.core.algorithm import Algorithm, BuildContext, flat_params, load_flat
+from fedexp.core.algorithm import Algorithm, BuildContext
 from fedexp.core.client import ClientModule
 from fedexp.core.local import LocalTraining
+from fedexp.core.running_stats import load_model_state, model_state
 from fedexp.core.seeding import INIT, derive_seed
 from fedexp.core.types import ClientResult, Message, Nothing, RoundContext, ServerState
 
@@ -41,7 +42,7 @@ class Local(Algorithm):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(self.ctx.seed, INIT))  # FedAvg's w^0
             model = self.ctx.model_factory().to(self.device)
-        state = ServerState(params=None, buffers={"initial": flat_params(self._params(model))})
+        state = ServerState(params=None, buffers={"initial": model_state(model)})
         self.on_resume(state)
         return state
 
@@ -61,17 +62,17 @@ class Local(Algorithm):
         return self.module
 
     def client_begin(self, module: ClientModule, client_id: int, payload: Message) -> None:
-        load_flat(self._params(module.model), self.store.get(client_id, self._initial))
+        load_model_state(module.model, self.store.get(client_id, self._initial))
 
     def client_end(
         self, module: ClientModule, client_id: int, payload: Message, training: LocalTraining
     ) -> Message:
-        self.store.put(client_id, flat_params(self._params(module.model)))
+        self.store.put(client_id, model_state(module.model))
         return Nothing()
 
     # ---- evaluation ----------------------------------------------------------------------------
     def personal_model(self, state: ServerState, client_id: int) -> nn.Module | None:
-        load_flat(self._params(self.eval_model), self.store.get(client_id, self._initial))
+        load_model_state(self.eval_model, self.store.get(client_id, self._initial))
         return self.eval_model
 
     def describe(self) -> dict[str, float]:

@@ -124,4 +124,5 @@ class QFedAvg(FedAvg):
         metrics = {"qffl/start_loss_mean": float(losses.mean())}
         if len(results) > 1:
             metrics["qffl/start_loss_var"] = float(losses.var(unbiased=False))
-        return ServerState(state.params + step, dict(state.buffers)), metrics
+        new = ServerState(state.params + step, dict(state.buffers))
+        return self.with_averaged_stats(new, results), metrics

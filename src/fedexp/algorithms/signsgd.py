@@ -47,7 +47,8 @@ class SignSGD(FedAvg):
         )
         direction = torch.sign(votes)
         metrics = {"signsgd/tied_fraction": float((direction == 0).float().mean())}
-        return ServerState(state.params + self.server_lr * direction, state.buffers), metrics
+        new = ServerState(state.params + self.server_lr * direction, state.buffers)
+        return self.with_averaged_stats(new, results), metrics
 
     def client_end(
         self, module: ClientModule, client_id: int, payload: Message, training: LocalTraining

@@ -204,6 +204,7 @@ class MembershipInferenceAudit:
     ) -> dict[str, float]:
         data = self.ctx.data
         ctx = RoundContext(round_idx + 1, (*targets, *shadows), self.ctx.seed)
+        algorithm.broadcast_stats(state)  # as the round loop does before configure_round
         payloads = algorithm.configure_round(state, ctx)
         # targets first: a None rebuild ends the audit before any shadow trains
         target_features = []
@@ -282,4 +283,7 @@ class MembershipInferenceAudit:
         generator = client_generator(derive_seed(self.ctx.seed, MIA_STREAM), round_idx, client_id)
         transform = self.ctx.data.batch_transform
         result = run_client(algorithm, client_id, payload, x, y, global_seed, generator, transform)
-        return algorithm.eavesdropped_model(payload, result.upload)
+        model = algorithm.eavesdropped_model(payload, result.upload)
+        if model is not None:  # the statistics travel beside the upload, where they travel
+            algorithm.load_stats(model, result.stats)
+        return model

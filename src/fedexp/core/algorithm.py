@@ -100,6 +100,23 @@ class Algorithm:
         training did (SCAFFOLD-like control variates need its `steps` and `lr`)."""
         raise NotImplementedError
 
+    # ---- running statistics (`fedexp.core.running_stats`) -------------------------------------
+    def broadcast_stats(self, state: ServerState) -> torch.Tensor | None:
+        """The running statistics every client of the round receives besides its payload (the
+        global model's BatchNorm statistics), or None (the default: none travel). The round loop
+        calls it before `configure_round` and counts it in comm/down_bits; the round's clients
+        load it in `client_begin`."""
+        return None
+
+    def client_stats(self, module: ClientModule) -> torch.Tensor | None:
+        """After local training: the running statistics the client uploads beside its upload
+        (`ClientResult.stats`, counted in comm/up_bits), or None (the default)."""
+        return None
+
+    def load_stats(self, model: nn.Module, stats: torch.Tensor | None) -> None:
+        """Load uploaded running statistics into a rebuilt model (the audit's eavesdropper sees
+        them beside the upload); nothing by default."""
+
     # ---- evaluation --------------------------------------------------------------------------
     def global_model(self, state: ServerState) -> nn.Module | None:
         """The global model, or None where the algorithm has none."""

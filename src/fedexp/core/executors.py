@@ -100,7 +100,13 @@ def finish_client(
     if logged is None:
         logged = module.log_capture.means()
     return ClientResult(
-        client_id, training.samples, upload, training.mean_loss, training.steps, logged=logged
+        client_id,
+        training.samples,
+        upload,
+        training.mean_loss,
+        training.steps,
+        logged=logged,
+        stats=algorithm.client_stats(module),
     )
 
 

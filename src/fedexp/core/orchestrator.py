@@ -15,6 +15,7 @@ from fedexp.core.algorithm import Algorithm
 from fedexp.core.callbacks import Callback, RoundReport, frozen
 from fedexp.core.evaluation import evaluate
 from fedexp.core.executors import train_aside
+from fedexp.core.running_stats import stats_bits
 from fedexp.core.seeding import sample_clients
 from fedexp.core.types import Diverged, RoundContext, ServerState
 
@@ -74,6 +75,7 @@ class Orchestrator:
         start = time.perf_counter()
         ids = sample_clients(self.seed, t, self.data.num_clients, self.clients_per_round)
         ctx = RoundContext(t, ids, self.seed)
+        stats = self.algorithm.broadcast_stats(state)  # running statistics, besides the payloads
         payloads = self.algorithm.configure_round(state, ctx)
         results = self.executor.run(self.algorithm, payloads, ctx, self.train_data)
         # attackers may train benignly beyond the cohort to learn more benign updates
@@ -90,8 +92,8 @@ class Orchestrator:
         state, metrics = self.algorithm.aggregate(state, results, ctx)
         if not self.algorithm.state_is_finite(state):
             raise Diverged(t, "non-finite global model")
-        up = sum(r.upload.num_bits() for r in results)
-        down = sum(payloads[c].num_bits() for c in ids)
+        up = sum(r.upload.num_bits() + stats_bits(r.stats) for r in results)
+        down = sum(payloads[c].num_bits() for c in ids) + len(ids) * stats_bits(stats)
         self.totals["comm/up_bits_total"] += up
         self.totals["comm/down_bits_total"] += down
         elapsed = time.perf_counter() - start

@@ -117,6 +117,9 @@ class ClientResult:
     malicious: bool = False  # set by an attack that corrupted this upload
     # what `self.log` recorded in the client's steps: name -> its mean over those steps
     logged: dict[str, torch.Tensor] = field(default_factory=dict)
+    # the running statistics (BatchNorm's) uploaded beside `upload`, as one float vector, where
+    # the algorithm shares them (`Algorithm.client_stats`); counted in comm/up_bits
+    stats: torch.Tensor | None = None
 
 
 @dataclass
