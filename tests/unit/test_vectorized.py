@@ -132,5 +132,22 @@ def test_batchnorm_running_stats_are_refused():
 
 
 def test_auto_is_sequential_on_cpu_and_vectorized_on_cuda():
-    assert isinstance(auto_executor(device="cpu", chunk_size=None), SequentialExecutor)
-    assert isinstance(auto_executor(device="cuda", chunk_size=None), VectorizedExecutor)
+    assert isinstance(auto_executor(device="cpu", chunk_size=None).inner, SequentialExecutor)
+    assert isinstance(auto_executor(device="cuda", chunk_size=None).inner, VectorizedExecutor)
+
+
+def test_auto_falls_back_to_sequential_for_modules_vmap_cannot_train():
+    from fedexp.algorithms.fedavg import FedAvg
+    from handworld import make_ctx, two_client_data
+
+    def bn_model(input_shape=(2,), num_classes=2):
+        return nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3), nn.Linear(3, 2))
+
+    algo = FedAvg(make_ctx(two_client_data(), factory=bn_model), "samples", 1.0, 0.0)
+    auto = auto_executor(device="cuda", chunk_size=None)
+    auto.check_algorithm(algo, 2)  # no error: BatchNorm statistics train sequentially
+    assert isinstance(auto.inner, SequentialExecutor)
+    plain = FedAvg(make_ctx(two_client_data()), "samples", 1.0, 0.0)
+    auto = auto_executor(device="cuda", chunk_size=None)
+    auto.check_algorithm(plain, 2)
+    assert isinstance(auto.inner, VectorizedExecutor)

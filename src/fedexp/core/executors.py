@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -12,6 +13,8 @@ from fedexp.core.client import ClientModule
 from fedexp.core.local import LocalTraining, PhaseTraining, optimizer_lrs
 from fedexp.core.seeding import CLIENT, client_generator, derive_seed, seed_global_rng
 from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext, ServerState
+
+log = logging.getLogger(__name__)
 
 
 def train_local(
@@ -204,6 +207,31 @@ def executor_named(
     raise ConfigError(f"{key}: must be auto, sequential or vectorized, got {name!r}")
 
 
-def auto_executor(device: str, chunk_size: int | None):
+class AutoExecutor:
+    """executor=auto: vectorized when training runs on CUDA, sequential on the CPU, and
+    sequential too where the vectorized executor refuses the algorithm's modules (BatchNorm
+    running statistics, an optimizer it has no functional form of): decided before training,
+    and logged."""
+
+    def __init__(self, device: str, chunk_size: int | None):
+        self.inner = executor_named("auto", device, chunk_size)
+
+    def check_algorithm(self, algorithm: Algorithm, num_clients: int) -> None:
+        check = getattr(self.inner, "check_algorithm", None)
+        if check is None:
+            return
+        try:
+            check(algorithm, num_clients)
+        except ConfigError as err:
+            log.info("executor=auto: sequential (%s)", err)
+            self.inner = SequentialExecutor()
+
+    def run(
+        self, algorithm: Algorithm, payloads: Mapping[int, Message], ctx: RoundContext, data
+    ) -> list[ClientResult]:
+        return self.inner.run(algorithm, payloads, ctx, data)
+
+
+def auto_executor(device: str, chunk_size: int | None) -> AutoExecutor:
     """executor=auto: vectorized when training runs on CUDA, sequential on the CPU."""
-    return executor_named("auto", device, chunk_size)
+    return AutoExecutor(device, chunk_size)
