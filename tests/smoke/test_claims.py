@@ -57,13 +57,46 @@ def test_direction_within_seed_spread_is_flagged():
 
 def test_drop_pairs_clean_and_attacked_runs_by_seed():
     term = Term("drop", "attacked", ("acc",), clean="clean")
-    summaries = {
-        "clean": runs("acc", 0.875, 0.75),
-        "attacked": runs("acc", 0.5, 0.625, 0.125),  # seed 2 has no clean twin: left out
-    }
+    summaries = {"clean": runs("acc", 0.875, 0.75), "attacked": runs("acc", 0.5, 0.625)}
     got = measure(term, summaries)
     assert got.values == {0: 0.375, 1: 0.125}
     assert got.mean == 0.25
+
+
+def test_a_verdict_is_never_computed_on_a_subset_of_seeds():
+    term = Term("drop", "attacked", ("acc",), clean="clean")
+    # seed 2's clean run failed (no summary): the term is n/a and names it, not a 2-seed mean
+    summaries = {"clean": runs("acc", 0.875, 0.75), "attacked": runs("acc", 0.5, 0.625, 0.125)}
+    got = measure(term, summaries, seeds=[0, 1, 2])
+    assert got.missing == "runs not completed: clean seed 2 failed" and got.values == {}
+    # an interrupted or diverged clean run, or any non-completed run of a plain term: n/a too
+    summaries["clean"][2] = RunSummary("interrupted", metrics={"acc": 0.9})
+    assert "clean seed 2 interrupted" in measure(term, summaries, [0, 1, 2]).missing
+    plain = Term("acc", "attacked", ("acc",))
+    summaries["attacked"][1] = RunSummary("diverged", metrics={"acc": 0.1})
+    assert measure(plain, summaries, [0, 1, 2]).missing == (
+        "runs not completed: attacked seed 1 diverged"
+    )
+    claim = next(c for c in CLAIMS if c.slug == "waffle-unimodal")
+    _, verdict = evaluate(claim, {"shards-waffle": runs("eval/personal/acc_mean", 0.9)}, [0])
+    assert verdict.holds is None and verdict.text() == "n/a"
+
+
+def test_a_diverged_attacked_run_counts_as_a_collapse():
+    term = Term("drop", "attacked", ("acc",), clean="clean")
+    summaries = {
+        "clean": runs("acc", 0.875, 0.75, 0.75),
+        "attacked": {
+            0: RunSummary("completed", metrics={"acc": 0.5}),
+            # the last evaluation before the divergence: 0.25
+            1: RunSummary("diverged", metrics={"acc": 0.25, "data/classes_used": 10}),
+            # diverged before any evaluation: chance, 1 / 10 classes
+            2: RunSummary("diverged", metrics={"data/classes_used": 10}),
+        },
+    }
+    got = measure(term, summaries, seeds=[0, 1, 2])
+    assert got.missing is None
+    assert got.values == {0: 0.375, 1: 0.5, 2: pytest.approx(0.65)}
 
 
 def test_metric_falls_back_and_the_row_says_so():

@@ -132,7 +132,8 @@ def settings_json(results: dict[str, SettingResult], users: dict[str, list[str]]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the selected claims' settings, write claims.md and claims.json; 1 if a run failed."""
+    """Run the selected claims' settings, write claims.md and claims.json; 1 if a run failed or
+    a claim has no verdict (n/a)."""
     argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
     try:
@@ -166,12 +167,14 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     wall = time.perf_counter() - start
     summaries = {
-        sid: {s: r.summary for s, r in res.runs.items() if r.status == "completed"}
+        sid: {s: r.summary for s, r in res.runs.items() if r.summary is not None}
         for sid, res in results.items()
     }
-    rows, entries = [], []
+    rows, entries, undecided = [], [], []
     for claim in claims:
-        measured, verdict = evaluate(claim, summaries)
+        measured, verdict = evaluate(claim, summaries, seeds)
+        if verdict.holds is None:
+            undecided.append(claim.id)
         rows.append(row(claim, measured, verdict))
         entries.append(claim_json(claim, measured, verdict))
     text = markdown(rows, header(argv, args, seeds, runs, wall), timing_line(results))
@@ -192,8 +195,14 @@ def main(argv: list[str] | None = None) -> int:
     failures = {sid: res.error for sid, res in results.items() if res.error}
     for sid, error in failures.items():
         print(f"fedexp.claims: {sid} failed ({error}); see {out / 'runs' / sid}", file=sys.stderr)
+    if undecided:
+        print(
+            f"fedexp.claims: no verdict for claim(s) {', '.join(undecided)}: a run failed, "
+            "diverged or did not finish (the table names them)",
+            file=sys.stderr,
+        )
     print(f"fedexp.claims: wrote {out / 'claims.md'} and claims.json", flush=True)
-    return 1 if failures else 0
+    return 1 if failures or undecided else 0
 
 
 if __name__ == "__main__":

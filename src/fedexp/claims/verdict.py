@@ -1,7 +1,7 @@
 """From run summaries to a claim's measured values and whether it holds in direction.
 
 Pure functions over plain data: `summaries` maps a setting id to {seed: RunSummary} (the
-`summary.json` of each completed run).
+`summary.json` of each run that wrote one, completed or not; a run that wrote none is absent).
 """
 
 from __future__ import annotations
@@ -54,22 +54,60 @@ def pick_key(keys: tuple[str, ...], runs: list[RunSummary]) -> str | None:
     return None
 
 
-def measure(term: Term, summaries: dict[str, dict[int, RunSummary]]) -> Measured:
-    """A term's per-seed values; a drop term pairs the clean and attacked runs by seed."""
-    runs = summaries.get(term.setting, {})
-    clean = summaries.get(term.clean, {}) if term.clean else {}
-    seeds = sorted(set(runs) & set(clean)) if term.clean else sorted(runs)
+def collapse_value(run: RunSummary, key: str) -> float | None:
+    """What a diverged attacked run counts as: the accuracy of its last evaluation, or chance
+    (1 / the classes its data used) where it diverged before any; None where neither is known."""
+    value = run.metrics.get(key)
+    if value is not None and math.isfinite(float(value)):
+        return float(value)
+    classes = run.metrics.get("data/classes_used")
+    return 1.0 / float(classes) if classes else None
+
+
+def measure(
+    term: Term, summaries: dict[str, dict[int, RunSummary]], seeds: list[int] | None = None
+) -> Measured:
+    """A term's per-seed values over all of `seeds` (default: every seed any of its settings
+    ran); a drop term pairs the clean and attacked runs by seed.
+
+    Never a subset: a seed whose run of any of the term's settings failed, diverged or did not
+    finish makes the term n/a, naming the runs, because the runs that fail are the ones an
+    attack may have broken. The one exception is a diverged *attacked* run of a drop term: the
+    attack succeeded, so it counts as a collapse (`collapse_value`).
+    """
+    settings = [term.setting, *([term.clean] if term.clean else [])]
+    if seeds is None:
+        seeds = sorted({seed for sid in settings for seed in summaries.get(sid, {})})
     if not seeds:
-        failed = term.setting if not runs else term.clean
-        return Measured(term.label, None, missing=f"no completed run of {failed}")
-    pool = [runs[s] for s in seeds] + [clean[s] for s in seeds if term.clean]
-    key = pick_key(term.keys, pool)
+        return Measured(term.label, None, missing=f"no completed run of {term.setting}")
+    completed = [
+        run
+        for sid in settings
+        for run in summaries.get(sid, {}).values()
+        if run is not None and run.completed
+    ]
+    key = pick_key(term.keys, completed) if completed else term.keys[0]
     if key is None:
         return Measured(term.label, None, missing=f"{' / '.join(term.keys)} not reported")
-    values = {}
+    problems, values = [], {}
     for seed in seeds:
-        value = float(runs[seed].metrics[key])
-        values[seed] = float(clean[seed].metrics[key]) - value if term.clean else value
+        got = {}
+        for sid in settings:
+            run = summaries.get(sid, {}).get(seed)
+            status = "failed" if run is None else run.status
+            if status == "completed":
+                got[sid] = float(run.metrics[key])
+            elif status == "diverged" and term.clean and sid == term.setting:
+                got[sid] = collapse_value(run, key)
+                if got[sid] is None:
+                    problems.append(f"{sid} seed {seed} diverged before any evaluation")
+            else:
+                problems.append(f"{sid} seed {seed} {status}")
+        if len(got) == len(settings) and None not in got.values():
+            value = got[term.setting]
+            values[seed] = got[term.clean] - value if term.clean else value
+    if problems:
+        return Measured(term.label, None, missing="runs not completed: " + ", ".join(problems))
     return Measured(term.label, key, values)
 
 
@@ -109,8 +147,8 @@ def judge(measured: list[Measured], relations: tuple[tuple[int, str, int], ...])
 
 
 def evaluate(
-    claim: Claim, summaries: dict[str, dict[int, RunSummary]]
+    claim: Claim, summaries: dict[str, dict[int, RunSummary]], seeds: list[int] | None = None
 ) -> tuple[list[Measured], Verdict]:
-    """Measure every term of a claim and judge its relations."""
-    measured = [measure(term, summaries) for term in claim.terms]
+    """Measure every term of a claim over `seeds` and judge its relations."""
+    measured = [measure(term, summaries, seeds) for term in claim.terms]
     return measured, judge(measured, claim.relations)
