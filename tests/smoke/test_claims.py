@@ -181,3 +181,38 @@ def test_cheapest_claim_end_to_end(tmp_path):
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert again.returncode == 0 and again.stdout.count("| reused |") == 3
+
+
+def test_settings_text_is_read_from_the_runs_configs():
+    from fedexp.claims.catalogue import Claim, Setting
+    from fedexp.claims.settings_text import claim_setting_text
+
+    def summary(lr, batch, algo):
+        config = {"rounds": 20, "client": {"lr": lr, "batch_size": batch}, "paths": {"x": 1}}
+        return RunSummary("completed", config=config, choices={"algorithm": algo})
+
+    settings = {"a": Setting("a", (), 1), "b": Setting("b", (), 1)}
+    claim = Claim(
+        "9", "t", "A > B", "paper", "accuracy",
+        (Term("A", "a", ("acc",)), Term("B", "b", ("acc",))), ((0, ">", 1),),
+    )  # fmt: skip
+    summaries = {"a": {0: summary(0.01, 10, "x")}, "b": {0: summary(0.05, 10, "y")}}
+    text = claim_setting_text(claim, settings, summaries)
+    # what both share is stated once; every differing key names each setting's value; paths
+    # (where files go) are not settings
+    assert text == (
+        "accuracy. shared: rounds=20, client.batch_size=10; "
+        "differs: algorithm (a x / b y); client.lr (a 0.01 / b 0.05)"
+    )
+
+
+def test_settings_text_of_a_claim_without_runs_is_composed_from_its_overrides():
+    from fedexp.claims.settings_text import claim_setting_text
+
+    claim = next(c for c in CLAIMS if c.slug == "fedhenn-heterogeneous")
+    text = claim_setting_text(claim, SETTINGS)
+    # the two settings differ in η0 alone, and the local training is FedHeNN's own
+    assert text.endswith(
+        "differs: algorithm.eta0 (shards-fedhenn-het 0.01 / shards-fedhenn-het-eta0 0)"
+    )
+    assert "model=cnn_family" in text and "client.batch_size=10" in text

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from fedexp.claims.catalogue import CLAIMS, SETTINGS, Claim, settings_of
 from fedexp.claims.runner import Runner, SettingResult
+from fedexp.claims.settings_text import claim_setting_text
 from fedexp.claims.table import claim_json, markdown, row, update_doc
 from fedexp.claims.verdict import evaluate
 from fedexp.core.types import ConfigError
@@ -175,8 +176,9 @@ def main(argv: list[str] | None = None) -> int:
         measured, verdict = evaluate(claim, summaries, seeds)
         if verdict.holds is None:
             undecided.append(claim.id)
-        rows.append(row(claim, measured, verdict))
-        entries.append(claim_json(claim, measured, verdict))
+        setting = claim_setting_text(claim, SETTINGS, summaries)
+        rows.append(row(claim, measured, verdict, setting))
+        entries.append(claim_json(claim, measured, verdict, setting))
     text = markdown(rows, header(argv, args, seeds, runs, wall), timing_line(results))
     (out / "claims.md").write_text(text)
     record = {

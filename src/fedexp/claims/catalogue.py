@@ -60,7 +60,7 @@ class Claim:
     slug: str
     text: str
     paper: str
-    setting: str
+    note: str  # what is measured; the settings themselves are printed from their configs
     terms: tuple[Term, ...]
     relations: tuple[tuple[int, str, int], ...]
 
@@ -120,9 +120,6 @@ _SETTINGS = [
 ]
 SETTINGS: dict[str, Setting] = {s.id: s for s in _SETTINGS}
 
-SHARDS_TEXT = "digits, 20 clients × 2-class shards, 10 a round, 20 rounds, E = 5"
-FRL_TEXT = "`experiment=frl_digits`: digits, 50 clients, Dir(1), 10 a round, 40 rounds, E = 2"
-
 CLAIMS: tuple[Claim, ...] = (
     Claim(
         "1",
@@ -130,7 +127,7 @@ CLAIMS: tuple[Claim, ...] = (
         "FedHeNN homogeneous personal > FedRep personal > FedAvg global (2-class shards)",
         "FedHeNN Table 2 (CIFAR-10/100, Sent140): homogeneous FedHeNN above FedRep and the "
         "FedAvg/FedProx global models (the table's values are not in the extracted text)",
-        f"{SHARDS_TEXT}, MLP 200-200",
+        "personal accuracy of FedHeNN and FedRep, FedAvg's global model on the pooled test set",
         (
             Term("FedHeNN homog.", "shards-fedhenn", ACC_PERSONAL),
             Term("FedRep", "shards-fedrep", ACC_PERSONAL),
@@ -144,7 +141,7 @@ CLAIMS: tuple[Claim, ...] = (
         "FedHeNN heterogeneous > isolated local training (η = 0)",
         "FedHeNN Table 2: heterogeneous FedHeNN above the baselines; η = 0 is isolated local "
         "training (§3); gain smaller than homogeneous",
-        f"{SHARDS_TEXT}, `model=cnn_family`, η0 = 0.01 vs 0",
+        "personal accuracy, η0 = 0.01 vs 0 (isolated local training)",
         (
             Term("η0 = 0.01", "shards-fedhenn-het", ACC_PERSONAL),
             Term("η0 = 0", "shards-fedhenn-het-eta0", ACC_PERSONAL),
@@ -157,8 +154,7 @@ CLAIMS: tuple[Claim, ...] = (
         "WAFFLe's majority − minority gap < FedAvg's and FedProx's (multimodal split)",
         "WAFFLe Table 2: FedAvg's minority (evens) ≈ 30 points below its majority (odds); "
         "WAFFLe's groups on par",
-        "odd/even digits, 15 : 3 clients × 42 samples, 6 a round, 50 rounds, E = 5, B = 10, "
-        "lr 0.02, FedProx μ = 1; `eval/group/gap`",
+        "`eval/group/gap`: majority − minority accuracy (odd/even digits)",
         (
             Term("WAFFLe gap", "multimodal-waffle", GAP),
             Term("FedAvg gap", "multimodal-fedavg", GAP),
@@ -171,7 +167,7 @@ CLAIMS: tuple[Claim, ...] = (
         "waffle-unimodal",
         "WAFFLe personal > FedAvg global (unimodal 2-class shards)",
         "WAFFLe Table 1: CIFAR-10 unimodal, WAFFLe ahead of FedAvg/FedProx by 18.8 points",
-        f"{SHARDS_TEXT}, MLP 200-200 (WAFFLe F = 32, α = 10)",
+        "WAFFLe's personal accuracy vs FedAvg's global model",
         (
             Term("WAFFLe", "shards-waffle", ACC_PERSONAL),
             Term("FedAvg", "shards-fedavg", ACC_GLOBAL),
@@ -184,8 +180,7 @@ CLAIMS: tuple[Claim, ...] = (
         "WAFFLe's membership-inference AUC ≤ FedAvg's",
         "WAFFLe Table 3 (CIFAR-10, 1000 training images a client): the attack succeeds highly "
         "on FedAvg's upload, moderately above chance (50 %) on WAFFLe's",
-        "iid digits, 10 clients × ~115 training images, 5 a round, 10 rounds, E = 10, B = 10, "
-        "lr 0.02, `privacy=mia` (3 shadows, 4 targets)",
+        "membership-inference AUC on the eavesdropped uploads (`privacy=mia`)",
         (
             Term("WAFFLe", "mia-waffle", MIA),
             Term("FedAvg", "mia-fedavg", MIA),
@@ -198,7 +193,7 @@ CLAIMS: tuple[Claim, ...] = (
         "FRL under 20 % rank reversal loses less accuracy than FedAvg + trimmed mean under "
         "20 % AGR-tailored (each against its clean run)",
         "FRL §7 / Table 1, FEMNIST 20 %: trimmed mean 85.8 → 56.2 %, FRL → 65.8 %",
-        f"{FRL_TEXT}; FedAvg lr 0.05, β known; accuracy drop = clean − attacked, per seed",
+        "accuracy drop = clean − attacked, paired by seed",
         (
             Term("FRL drop", "frl-rr20", ACC_GLOBAL, clean="frl-clean"),
             Term(
@@ -213,7 +208,8 @@ CLAIMS: tuple[Claim, ...] = (
         "FRL's upload (n·⌈log2 n⌉ bits a layer) < FedAvg's and > SignSGD's",
         "FRL Table 2: rankings cost less than FedAvg's 32-bit weights, more than SignSGD's 1 bit "
         "a weight",
-        f"{FRL_TEXT}; `comm/up_bits_total` over the run",
+        "`comm/up_bits_total` over the run: an identity of the ledger's formulas (n·⌈log2 n⌉ "
+        "bits a ranked layer, 32 a weight, 1 a sign), which cannot fail while they hold",
         (
             Term("FRL", "frl-clean", UP_BITS, unit="bits"),
             Term("FedAvg", "fedavg-clean", UP_BITS, unit="bits"),
@@ -227,7 +223,7 @@ CLAIMS: tuple[Claim, ...] = (
         "SignSGD under 20 % sign flip loses more accuracy than FRL under 20 % rank reversal",
         "FRL Table 1: SignSGD under Bernstein et al.'s attack vs FRL under rank reversal; FRL the "
         "more robust",
-        f"{FRL_TEXT}; SignSGD lr 0.05, server_lr 0.005; drop = clean − attacked, per seed",
+        "accuracy drop = clean − attacked, paired by seed",
         (
             Term("SignSGD drop", "signsgd-flip20", ACC_GLOBAL, clean="signsgd-clean"),
             Term("FRL drop", "frl-rr20", ACC_GLOBAL, clean="frl-clean"),

@@ -28,8 +28,11 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def row(claim: Claim, measured: list[Measured], verdict: Verdict) -> str:
-    """One markdown table row: claim | paper's figure | setting here | measured | holds?"""
+def row(claim: Claim, measured: list[Measured], verdict: Verdict, setting: str = "") -> str:
+    """One markdown table row: claim | paper's figure | setting here | measured | holds?
+
+    `setting`: the generated settings text (`settings_text.claim_setting_text`); the claim's
+    note alone when empty."""
     values = "; ".join(fmt_measured(m, t.unit) for m, t in zip(measured, claim.terms))
     fallbacks = {
         (m.key, t.keys[0])
@@ -42,7 +45,7 @@ def row(claim: Claim, measured: list[Measured], verdict: Verdict) -> str:
     if verdict.failed:
         holds += ": not " + ", not ".join(verdict.failed)
     holds = holds.replace("<=", "≤").replace(">=", "≥")
-    cells = [f"{claim.id}. {claim.text}", claim.paper, claim.setting, values, holds]
+    cells = [f"{claim.id}. {claim.text}", claim.paper, setting or claim.note, values, holds]
     return "| " + " | ".join(_cell(c) for c in cells) + " |"
 
 
@@ -70,13 +73,13 @@ def update_doc(doc: Path, text: str) -> None:
     doc.write_text(pattern.sub(lambda _: f"{BEGIN}\n{text}{END}", content, count=1))
 
 
-def claim_json(claim: Claim, measured: list[Measured], verdict: Verdict) -> dict:
+def claim_json(claim: Claim, measured: list[Measured], verdict: Verdict, setting: str = "") -> dict:
     return {
         "id": claim.id,
         "slug": claim.slug,
         "claim": claim.text,
         "paper": claim.paper,
-        "setting": claim.setting,
+        "setting": setting or claim.note,
         "terms": [
             {
                 "label": m.label,
