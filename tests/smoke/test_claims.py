@@ -115,27 +115,27 @@ def test_metric_falls_back_and_the_row_says_so():
 
 def test_a_missing_setting_gives_n_a_not_a_verdict():
     claim = next(c for c in CLAIMS if c.slug == "waffle-unimodal")
-    measured, verdict = evaluate(claim, {"shards-fedavg": runs("eval/global/acc", 0.8)})
+    measured, verdict = evaluate(claim, {"shards-fedavg-wfc": runs("eval/global/acc", 0.8)})
     assert verdict.holds is None and verdict.text() == "n/a"
     assert "WAFFLe n/a (no completed run of shards-waffle)" in row(claim, measured, verdict)
 
 
 def test_catalogue_is_consistent():
-    assert [c.id for c in CLAIMS] == [str(i) for i in range(1, 9)]
+    assert [c.id for c in CLAIMS] == [str(i) for i in range(1, 10)]
     for claim in CLAIMS:
         assert all(sid in SETTINGS for sid in settings_of(claim))
         n = len(claim.terms)
         assert all(0 <= i < n and 0 <= j < n for i, _, j in claim.relations)
     assert [c.id for c in select("frl-upload,3")] == ["3", "7"]
-    with pytest.raises(ConfigError, match="--only: unknown claim 9"):
-        select("9")
+    with pytest.raises(ConfigError, match="--only: unknown claim 99"):
+        select("99")
 
 
 def test_bad_options_exit_2_before_running(tmp_path, capsys):
-    assert main(["--only", "9", "--out", str(tmp_path / "o")]) == 2
+    assert main(["--only", "99", "--out", str(tmp_path / "o")]) == 2
     assert main(["--seeds", "0", "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
-    assert "fedexp: error: --only: unknown claim 9" in err
+    assert "fedexp: error: --only: unknown claim 99" in err
     assert "fedexp: error: --seeds: 0 is not a positive number of seeds" in err
     assert not (tmp_path / "o").exists()
 
@@ -213,6 +213,8 @@ def test_settings_text_of_a_claim_without_runs_is_composed_from_its_overrides():
     text = claim_setting_text(claim, SETTINGS)
     # the two settings differ in η0 alone, and the local training is FedHeNN's own
     assert text.endswith(
-        "differs: algorithm.eta0 (shards-fedhenn-het 0.01 / shards-fedhenn-het-eta0 0)"
+        "differs: algorithm.eta0 (shards-fedhenn-het 0.01 / shards-fedhenn-het-eta0 0 / "
+        "shards-fedhenn-het-eta0.001 0.001 / shards-fedhenn-het-eta0.1 0.1 / "
+        "shards-fedhenn-het-eta1 1)"
     )
     assert "model=cnn_family" in text and "client.batch_size=10" in text

@@ -98,12 +98,27 @@ ATTACK20 = ("attack.fraction=0.2",)
 HET = ("algorithm=fedhenn", "algorithm.variant=heterogeneous", "model=cnn_family")
 TRMEAN = ("algorithm=fedavg", "aggregator=trimmed_mean")
 
+# the ablations' values of FedHeNN's η0 (0.01: the default; 0: no alignment, identical training)
+ETAS = ("0", "0.001", "0.01", "0.1", "1")
+
+
+def _eta_settings(prefix: str, base: tuple[str, ...], cost: float) -> list[Setting]:
+    """One setting per η0 of `ETAS`: `<prefix>` for the default 0.01, `<prefix>-eta<v>` else."""
+    return [
+        Setting(prefix if eta == "0.01" else f"{prefix}-eta{eta}", (*base, f"algorithm.eta0={eta}"),
+                cost)
+        for eta in ETAS
+    ]  # fmt: skip
+
+
 _SETTINGS = [
-    Setting("shards-fedavg", (*SHARDS, "algorithm=fedavg"), 26),
-    Setting("shards-fedrep", (*SHARDS, "algorithm=fedrep"), 21),
-    Setting("shards-fedhenn", (*SHARDS, "algorithm=fedhenn"), 50),
-    Setting("shards-fedhenn-het", (*SHARDS, *HET), 75),
-    Setting("shards-fedhenn-het-eta0", (*SHARDS, *HET, "algorithm.eta0=0"), 38),
+    # every method of a comparison trains its clients alike: FedHeNN's local training
+    # (client=fedhenn) for claim 1, WAFFLe's (client=waffle) for claim 4
+    Setting("shards-fedavg-fhc", (*SHARDS, "algorithm=fedavg", "client=fedhenn"), 40),
+    Setting("shards-fedrep-fhc", (*SHARDS, "algorithm=fedrep", "client=fedhenn"), 40),
+    *_eta_settings("shards-fedhenn", (*SHARDS, "algorithm=fedhenn"), 50),
+    *_eta_settings("shards-fedhenn-het", (*SHARDS, *HET), 75),
+    Setting("shards-fedavg-wfc", (*SHARDS, "algorithm=fedavg", "client=waffle"), 35),
     Setting("shards-waffle", (*SHARDS, "algorithm=waffle"), 55),
     Setting("multimodal-fedavg", (*MULTIMODAL, "algorithm=fedavg"), 45),
     Setting("multimodal-fedprox", (*MULTIMODAL, "algorithm=fedprox", "algorithm.mu=1.0"), 65),
@@ -127,11 +142,12 @@ CLAIMS: tuple[Claim, ...] = (
         "FedHeNN homogeneous personal > FedRep personal > FedAvg global (2-class shards)",
         "FedHeNN Table 2 (CIFAR-10/100, Sent140): homogeneous FedHeNN above FedRep and the "
         "FedAvg/FedProx global models (the table's values are not in the extracted text)",
-        "personal accuracy of FedHeNN and FedRep, FedAvg's global model on the pooled test set",
+        "personal accuracy of FedHeNN and FedRep, FedAvg's global model on the pooled test set; "
+        "the three train their clients alike (FedHeNN's local training)",
         (
             Term("FedHeNN homog.", "shards-fedhenn", ACC_PERSONAL),
-            Term("FedRep", "shards-fedrep", ACC_PERSONAL),
-            Term("FedAvg", "shards-fedavg", ACC_GLOBAL),
+            Term("FedRep", "shards-fedrep-fhc", ACC_PERSONAL),
+            Term("FedAvg", "shards-fedavg-fhc", ACC_GLOBAL),
         ),
         ((0, ">", 1), (1, ">", 2)),
     ),
@@ -141,10 +157,14 @@ CLAIMS: tuple[Claim, ...] = (
         "FedHeNN heterogeneous > isolated local training (η = 0)",
         "FedHeNN Table 2: heterogeneous FedHeNN above the baselines; η = 0 is isolated local "
         "training (§3); gain smaller than homogeneous",
-        "personal accuracy, η0 = 0.01 vs 0 (isolated local training)",
+        "personal accuracy, η0 = 0.01 (the default) vs 0 (isolated local training), identical "
+        "client training; the other η0 values show the direction of the CKA term",
         (
             Term("η0 = 0.01", "shards-fedhenn-het", ACC_PERSONAL),
             Term("η0 = 0", "shards-fedhenn-het-eta0", ACC_PERSONAL),
+            Term("η0 = 0.001", "shards-fedhenn-het-eta0.001", ACC_PERSONAL),
+            Term("η0 = 0.1", "shards-fedhenn-het-eta0.1", ACC_PERSONAL),
+            Term("η0 = 1", "shards-fedhenn-het-eta1", ACC_PERSONAL),
         ),
         ((0, ">", 1),),
     ),
@@ -167,10 +187,11 @@ CLAIMS: tuple[Claim, ...] = (
         "waffle-unimodal",
         "WAFFLe personal > FedAvg global (unimodal 2-class shards)",
         "WAFFLe Table 1: CIFAR-10 unimodal, WAFFLe ahead of FedAvg/FedProx by 18.8 points",
-        "WAFFLe's personal accuracy vs FedAvg's global model",
+        "WAFFLe's personal accuracy vs its dense counterpart, FedAvg's global model, at the same "
+        "budget (WAFFLe's local training)",
         (
             Term("WAFFLe", "shards-waffle", ACC_PERSONAL),
-            Term("FedAvg", "shards-fedavg", ACC_GLOBAL),
+            Term("FedAvg", "shards-fedavg-wfc", ACC_GLOBAL),
         ),
         ((0, ">", 1),),
     ),
@@ -227,6 +248,23 @@ CLAIMS: tuple[Claim, ...] = (
         (
             Term("SignSGD drop", "signsgd-flip20", ACC_GLOBAL, clean="signsgd-clean"),
             Term("FRL drop", "frl-rr20", ACC_GLOBAL, clean="frl-clean"),
+        ),
+        ((0, ">", 1),),
+    ),
+    Claim(
+        "9",
+        "fedhenn-alignment",
+        "FedHeNN homogeneous: the CKA alignment (η0 = 0.01) lifts personal accuracy above η0 = 0",
+        "FedHeNN §3, Table 2: the alignment term is what FedHeNN adds to its clients' training "
+        "(η = 0 leaves FedAvg's local models)",
+        "personal accuracy over η0, identical client training; η0 = 0 is FedAvg's clients "
+        "evaluated on their own local models",
+        (
+            Term("η0 = 0.01", "shards-fedhenn", ACC_PERSONAL),
+            Term("η0 = 0", "shards-fedhenn-eta0", ACC_PERSONAL),
+            Term("η0 = 0.001", "shards-fedhenn-eta0.001", ACC_PERSONAL),
+            Term("η0 = 0.1", "shards-fedhenn-eta0.1", ACC_PERSONAL),
+            Term("η0 = 1", "shards-fedhenn-eta1", ACC_PERSONAL),
         ),
         ((0, ">", 1),),
     ),
