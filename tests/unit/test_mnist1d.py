@@ -55,6 +55,7 @@ def test_cache_hit_equals_fresh_generation(fresh, tmp_path, monkeypatch):
     first = load(num_samples=N, generator_seed=SEED, data_dir=str(tmp_path))
     (path,) = tmp_path.iterdir()  # one file, no temporary left behind
     assert path == mnist1d.cache_path(str(tmp_path), N, SEED)
+    assert path.stat().st_mode & 0o777 == 0o644  # readable by the others sharing a data dir
 
     def no_generation(*_args):
         raise AssertionError("generated again despite the cache")

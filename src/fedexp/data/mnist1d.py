@@ -144,6 +144,7 @@ def write_cache(path: Path, x: np.ndarray, y: np.ndarray) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             np.savez(f, x=x, y=y)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide a shared data dir's file from others
         os.replace(tmp, path)
     except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
