@@ -26,6 +26,7 @@ REQUIRES: dict[tuple[str, str], tuple[str, ...]] = {
     ("model", "cnn_family"): ("algorithm=fedhenn", "algorithm.variant=heterogeneous"),
     ("model", "lstm"): ("dataset=sent140",),
     ("dataset", "hf"): ("dataset.path=someone/images", "dataset.image_key=img"),
+    ("dataset", "mnist1d"): ("dataset.num_samples=400",),  # the default takes minutes
     ("model", "lstm_family"): ("dataset=sent140",),
     ("model", "lightning"): ("model._target_=lightning_docs_model.LitBodyHead",),
     ("aggregator", "rank_vote"): ("algorithm=frl",),

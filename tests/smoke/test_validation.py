@@ -46,6 +46,11 @@ BAD_CONFIGS: list[tuple[tuple[str, ...], str]] = [
     (("algorithm=waffle", "dataset=sent140", SENT140), "model: WAFFLe factorises linear and conv"),
     (("attack=sign_flip", "attack.fraction=1.5"), "attack.fraction: must be in [0, 1), got 1.5"),
     (("attack.fraction=0.3",), "attack.fraction: 0.3 with attack=none"),
+    (
+        ("dataset=mnist1d", "dataset.num_samples=605"),
+        "dataset.num_samples: must be a multiple of 10 and >= 100",
+    ),
+    (("dataset=mnist1d", "dataset.test_fraction=0"), "dataset.test_fraction: must be in (0, 1)"),
     # keys the target does not take: one line naming the group and the options
     (("algorithm.k=0.5",), "algorithm.k: not an option of fedexp.algorithms.fedavg.FedAvg;"),
     (("algorithm=fedprox", "algorithm.muu=1"), "algorithm.muu: not an option of"),
