@@ -264,6 +264,7 @@ def build_components(cfg: DictConfig, run_dir: str | Path, resume: bool = False)
     attack = build(cfg.attack, "attack")
     attack.check_target(algorithm)
     attack.setup(ctx, cfg.num_clients)
+    attack.check_cohort(cfg.num_clients, cfg.clients_per_round)
     executor = build(cfg.executor, "executor")
     check_executor = getattr(executor, "check_algorithm", None)
     if check_executor is not None:  # what the executor cannot train is refused before training
