@@ -9,6 +9,11 @@ FedAvg at `experiment=frl_digits` scale (50 clients, 10 a round, 40 rounds, E = 
 aggregators without attack. Each line is one Hydra multirun over the seeds (skipped when its
 runs are already under --out); the script prints the table's markdown rows, final
 `eval/global/acc` as mean ± std (population) over the seeds.
+
+The protocol is the one the table was measured on (LEGACY): the clients train on all their data
+(`partition.test_fraction=0`; the preset now keeps 20 % as a local test split), no round is
+re-drawn (`attack.redraw_majority=false`) and AGR-tailored's γ search starts at 10
+(`attack.gamma_init=10`; its default is now the reference code's 5).
 """
 
 from __future__ import annotations
@@ -21,24 +26,17 @@ from pathlib import Path
 
 from fedexp.report import find_runs, mean_std
 
+LEGACY = ["partition.test_fraction=0", "attack.redraw_majority=false"]
 FEDAVG = ["experiment=frl_digits", "algorithm=fedavg", "client.lr=0.05", "client.momentum=0"]
+FEDAVG += LEGACY
 ATTACK = ["attack.fraction=0.2"]
+AGR = ["attack=agr_tailored", *ATTACK, "attack.gamma_init=10"]
 # name -> overrides of one multirun (the seeds are added)
 SWEEPS = {
     "clean": ["aggregator=mean,trimmed_mean,multikrum"],
-    "agr_pool_all": ["attack=agr_tailored", *ATTACK, "aggregator=trimmed_mean,multikrum"],
-    "agr_pool_sampled": [
-        "attack=agr_tailored",
-        *ATTACK,
-        "attack.pool=sampled",
-        "aggregator=trimmed_mean,multikrum",
-    ],
-    "agr_full": [
-        "attack=agr_tailored",
-        *ATTACK,
-        "attack.knowledge=all",
-        "aggregator=trimmed_mean,multikrum",
-    ],
+    "agr_pool_all": [*AGR, "aggregator=trimmed_mean,multikrum"],
+    "agr_pool_sampled": [*AGR, "attack.pool=sampled", "aggregator=trimmed_mean,multikrum"],
+    "agr_full": [*AGR, "attack.knowledge=all", "aggregator=trimmed_mean,multikrum"],
     "others": ["attack=min_max,min_sum,lie", *ATTACK, "aggregator=mean,trimmed_mean"],
 }
 

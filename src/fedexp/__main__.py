@@ -84,6 +84,8 @@ def print_table(summary: RunSummary, choices: dict, title: str | None = None, be
     from rich.console import Console
     from rich.table import Table
 
+    from fedexp.core.validation import NO_OBJECTIVE
+
     table = Table(title=f"{title or run_title(choices)} — {summary.status}")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -95,6 +97,8 @@ def print_table(summary: RunSummary, choices: dict, title: str | None = None, be
     objective = summary.objective
     if objective is not None and objective.value is not None:
         table.add_row(f"objective: {objective.name}", f"{objective.value:.4f}")
+    elif objective is not None and objective.name == NO_OBJECTIVE:
+        table.add_row("objective: none", "no validation data")
     if objective is not None and best is not None:
         table.add_row(f"best objective (round {best[0]})", f"{best[1]:.4f}")
     table.add_row("rounds", str(summary.rounds_completed))
@@ -198,7 +202,9 @@ def _execute(
         if not multirun:
             sys.exit(EXIT_DIVERGED)
         return None  # a sweeper records a failed trial and goes on with the other jobs
-    if summary.objective.value is None:
+    from fedexp.core.validation import NO_OBJECTIVE
+
+    if summary.objective.value is None and summary.objective.name != NO_OBJECTIVE:
         logging.getLogger(__name__).warning(
             "objective %s is not among the final metrics", summary.objective.name
         )

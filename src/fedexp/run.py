@@ -38,7 +38,13 @@ from fedexp.core.summary import Objective, RunSummary, Timing
 from fedexp.core.threads import apply_threads
 from fedexp.core.types import ConfigError, Diverged
 from fedexp.core.user_module import factory_arguments
-from fedexp.core.validation import check_objective_name, target, validate_config, validate_data
+from fedexp.core.validation import (
+    NO_OBJECTIVE,
+    check_objective_name,
+    target,
+    validate_config,
+    validate_data,
+)
 from fedexp.data.federated import FederatedData
 from fedexp.data.partition_report import write_partition_stats
 from fedexp.data.server_pool import ServerDataRequest, reserve_server_pool
@@ -96,15 +102,17 @@ def validate(cfg: DictConfig) -> None:
 def resolve_objective(name: str, algorithm, has_val: bool) -> str:
     """The metric a run returns to a sweeper; `auto`: the validation metric that fits the
     algorithm (personal mean accuracy where clients have their own models, else the global
-    model's accuracy), or its test counterpart when `partition.val_fraction=0`."""
+    model's accuracy), and `none` (no objective) without validation data: never a test metric."""
     personal = type(algorithm).personal_model is not Algorithm.personal_model
     has_global = getattr(algorithm, "has_global_model", True) and (
         type(algorithm).global_model is not Algorithm.global_model
     )
     if name == "auto":
         base = "personal/acc_mean" if personal else "global/acc"
-        return f"eval/val/{base}" if has_val else f"eval/{base}"
+        return f"eval/val/{base}" if has_val else NO_OBJECTIVE
     check_objective_name(name)
+    if name == NO_OBJECTIVE:
+        return name
     if name.startswith("eval/val/") and not has_val:
         raise ConfigError(
             f"objective: {name} needs a validation split; set partition.val_fraction > 0"
@@ -264,6 +272,7 @@ def build_components(cfg: DictConfig, run_dir: str | Path, resume: bool = False)
     attack = build(cfg.attack, "attack")
     attack.check_target(algorithm)
     attack.setup(ctx, cfg.num_clients)
+    attack.check_cohort(cfg.num_clients, cfg.clients_per_round)
     executor = build(cfg.executor, "executor")
     check_executor = getattr(executor, "check_algorithm", None)
     if check_executor is not None:  # what the executor cannot train is refused before training

@@ -35,3 +35,29 @@ def test_a_two_trial_search_records_the_best_trial(tmp_path, monkeypatch, preset
     for key, value in results["best_params"].items():  # e.g. algorithm.mu, client.lr
         section, name = key.split(".")
         assert best[section][name] == pytest.approx(value)
+
+
+@pytest.mark.parametrize(
+    "args, problem",
+    [  # FRL's presets keep no validation split; a search never tunes on the test set
+        (
+            ["hparams_search=frl_k", "experiment=frl_digits"],
+            "objective: eval/val/global/acc needs validation data and partition.val_fraction is 0",
+        ),
+        (
+            ["hparams_search=fedprox_mu", "objective=auto", "partition.val_fraction=0"],
+            "objective: auto needs validation data",
+        ),
+        (["hparams_search=fedprox_mu", "objective=none"], "objective: none; a search needs one"),
+    ],
+)
+def test_a_search_without_validation_data_is_refused_before_any_trial(
+    tmp_path, monkeypatch, capsys, args, problem
+):
+    from conftest import main_in_process
+
+    monkeypatch.chdir(tmp_path)
+    code, err = main_in_process(monkeypatch, capsys, *args, "debug=smoke", "hydra.sweep.dir=s")
+    assert code == 2
+    assert err.strip().startswith(f"fedexp: error: {problem}") and len(err.splitlines()) == 1
+    assert not (tmp_path / "s").exists()  # no trial ran, no study was stored

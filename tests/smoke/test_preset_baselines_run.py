@@ -9,6 +9,7 @@ tests/unit/test_presets_baselines.py composes every preset with every baseline.
 from __future__ import annotations
 
 import json
+import math
 import pickle
 from pathlib import Path
 
@@ -106,6 +107,8 @@ def test_preset_runs_with_each_baseline(preset, data_dir, tmp_path, monkeypatch,
         assert summary["status"] == "completed" and summary["rounds_completed"] == 2
         choices = summary["choices"]
         assert choices["experiment"] == preset
+        if preset.startswith("frl_"):  # each client's test split: the clients' accuracies
+            assert math.isfinite(summary["metrics"]["eval/global/client_acc_mean"])
         robust_agg = choices["aggregator"] if choices["aggregator"] in robust else None
         ran.append((choices["algorithm"], robust_agg))
     assert sorted(ran, key=str) == sorted(expected, key=str)

@@ -8,6 +8,7 @@ message (point FEDEXP_DATA_DIR at a data dir to run those too).
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -36,3 +37,5 @@ def test_preset_runs_at_smoke_size(cli, preset):
     summary = json.loads((cli.cwd / "run" / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["rounds_completed"] == 2
     assert summary["choices"]["experiment"] == preset
+    if preset.startswith("frl_"):  # the clients' accuracies of FRL's Tables 2 and 4
+        assert math.isfinite(summary["metrics"]["eval/global/client_acc_mean"])

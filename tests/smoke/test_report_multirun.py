@@ -27,3 +27,28 @@ def test_report_of_a_two_algorithm_two_seed_multirun(tmp_path, monkeypatch, caps
     assert " ± " in rows[0].split("|")[4]  # seeds differ in accuracy: mean ± sample std
     for png in ("acc_vs_round", "final_acc", "client_acc_box", "acc_vs_comm"):
         assert (tmp_path / "sweep" / "report" / f"{png}.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_report_of_a_run_without_client_test_splits(tmp_path, monkeypatch):
+    # no local test split: the clients' accuracies are NaN (null in summary.json)
+    import json
+
+    from fedexp.__main__ import main as fedexp_main
+    from fedexp.report import main as report_main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FEDEXP_CACHE_DIR", str(tmp_path / "cache"))
+    torch.set_num_threads(1)
+    args = ["experiment=frl_digits", "debug=smoke", "partition.test_fraction=0", "hydra.run.dir=r"]
+    monkeypatch.setattr(sys, "argv", ["fedexp", *args])
+    fedexp_main()
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["client_acc"]["global"] == [None] * 6
+    assert summary["metrics"]["eval/global/client_acc_mean"] is None  # NaN, written as null
+    assert report_main(["r"]) == 0
+    md = (tmp_path / "r" / "report" / "report.md").read_text()
+    head = next(line for line in md.splitlines() if "eval/global/client_acc_mean" in line)
+    row = next(line for line in md.splitlines() if line.startswith("| frl |"))
+    cells = dict(zip(head.split("|"), row.split("|")))
+    assert cells[" eval/global/client_acc_mean "] == " – " and cells[" eval/global/acc "] != " – "
+    assert not (tmp_path / "r" / "report" / "client_acc_box.png").exists()  # nothing to draw

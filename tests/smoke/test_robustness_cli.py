@@ -6,6 +6,11 @@ a small MLP; the sweeps over every aggregator and attack are marked slow.
 
 from __future__ import annotations
 
+import json
+import math
+import re
+import sys
+
 import pytest
 
 from conftest import summaries
@@ -52,3 +57,27 @@ def test_every_attack_at_twenty_percent(cli):
 def test_config_error_exits_2(cli):
     proc = cli(*SMALL, "algorithm=frl", "aggregator=trimmed_mean", check=False)
     assert proc.returncode == 2 and "needs aggregator=rank_vote" in proc.stderr
+
+
+def test_frl_preset_reports_client_accuracies_and_no_objective(tmp_path, monkeypatch, capsys):
+    # each client's local test split gives the clients' accuracies of FRL's Tables 2 and 4; no
+    # validation split, so `objective: auto` is none: never the test accuracy
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FEDEXP_CACHE_DIR", str(tmp_path / "cache"))
+    from fedexp.__main__ import main
+
+    args = ["experiment=frl_digits_attack20", "debug=smoke", "hydra.run.dir=run"]
+    monkeypatch.setattr(sys, "argv", ["fedexp", *args])
+    main()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    metrics = summary["metrics"]
+    assert summary["config"]["partition"]["test_fraction"] == 0.2
+    assert summary["config"]["objective"] == "auto"
+    assert summary["objective"] == {"name": "none", "value": None}
+    for stat in ("mean", "std", "min", "max"):
+        assert math.isfinite(metrics[f"eval/global/client_acc_{stat}"])
+    assert 0 <= metrics["eval/global/client_acc_min"] <= metrics["eval/global/client_acc_max"]
+    assert all(math.isfinite(a) for a in summary["client_acc"]["global"])
+    assert 0 <= metrics["eval/global/acc"] <= 1  # the central test set
+    table = capsys.readouterr().out  # the final table
+    assert re.search(r"objective: none\s+│\s+no validation data", table)

@@ -11,15 +11,19 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from components import with_yaml
+from conftest import smoke_experiment
 from fedexp.attacks.crafted import AGRTailored, MinMax
 from fedexp.attacks.pool import pool_extras
+from fedexp.attacks.rank_reversal import RankReversal
 from fedexp.core.callbacks import RoundFunction
 from fedexp.core.executors import SequentialExecutor, train_aside
+from fedexp.core.messages import Ranking
 from fedexp.core.types import ClientResult, ConfigError, RoundContext, Weights
 from fedexp.run import Experiment
 
 MinMax = with_yaml(MinMax, "attack", "min_max")
 AGRTailored = with_yaml(AGRTailored, "attack", "agr_tailored")
+RankReversal = with_yaml(RankReversal, "attack", "rank_reversal")
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 # FedAvg on the bundled digits, 50 clients, 25 a round (the FRL paper's cohort), 20 % attackers
@@ -101,6 +105,69 @@ def test_one_sampled_attacker_crafts_from_the_pool():
     # pool=sampled knows only its own update: std 0, the crafted update is the benign one
     _, _, benign, trained, out = one_attacker_round("sampled")
     assert trained == [] and torch.equal(out[1].upload.values, benign[bad[0]])
+
+
+def one_reverser_round(pool: str, pool_size: int):
+    """Rank reversal in a round of 6 clients, 3 of them malicious, one of those sampled."""
+    attack = RankReversal(0.5, pool=pool, pool_size=pool_size)
+    attack.setup(SimpleNamespace(seed=0, aggregator=None), num_clients=6)
+    bad = sorted(attack.malicious)
+    honest = [c for c in range(6) if c not in bad]
+    # the attackers' benign rankings of 4 edges (lowest first); reputations = positions:
+    # bad[0] [0, 1, 2, 3], bad[1] [1, 0, 2, 3], bad[2] [3, 2, 1, 0]
+    ranks = {bad[0]: [0, 1, 2, 3], bad[1]: [1, 0, 2, 3], bad[2]: [3, 2, 1, 0]}
+    ranks.update({c: [0, 1, 2, 3] for c in honest})
+    trained: list[tuple[int, ...]] = []
+
+    def upload(c):
+        return ClientResult(c, 10, Ranking((torch.tensor(ranks[c]),)), 0.0, 1)
+
+    def aside(ids):
+        trained.append(tuple(ids))
+        return [upload(c) for c in ids]
+
+    ids = (honest[0], bad[0], honest[1])
+    out = attack.apply([upload(c) for c in ids], RoundContext(1, ids, 0, train_aside=aside))
+    return attack, bad, trained, out
+
+
+def test_rank_reversal_reverses_the_pools_vote():
+    attack, bad, trained, out = one_reverser_round("all", 25)
+    assert trained == [tuple(bad[1:])]  # both attackers outside the round train aside
+    # reputation sums of the three: e0 0+1+3 = 4, e1 1+0+2 = 3, e2 2+2+1 = 5, e3 3+3+0 = 6;
+    # highest first: [3, 2, 0, 1]
+    assert out[1].upload.layers[0].tolist() == [3, 2, 0, 1] and out[1].malicious
+    assert [r.upload.layers[0].tolist() for r in (out[0], out[2])] == [[0, 1, 2, 3]] * 2
+    assert attack.round_metrics(out)["attack/known"] == 3
+    # pool_size 2: the sampled attacker and one other drawn from (seed, round)
+    attack, bad, trained, out = one_reverser_round("all", 2)
+    assert len(trained) == 1 and len(trained[0]) == 1 and trained[0][0] in bad[1:]
+    assert attack.round_metrics(out)["attack/known"] == 2
+    # pool=sampled: its own ranking alone, reversed
+    attack, _, trained, out = one_reverser_round("sampled", 25)
+    assert trained == [] and out[1].upload.layers[0].tolist() == [3, 2, 1, 0]
+    assert attack.round_metrics(out)["attack/known"] == 1
+
+
+def test_rank_reversal_on_frl_sums_the_pools_rankings(tmp_path):
+    # FRL on the digits, 10 clients, 3 a round, 5 attackers: the pool holds pool_size of them
+    frl = ("experiment=frl_digits", "num_clients=10", "attack=rank_reversal")
+    frl += ("attack.fraction=0.5", "rounds=3", "eval_every=3")
+    for size, known in ((25, 5), (4, 4)):
+        exp = smoke_experiment(tmp_path / str(size), *frl, f"attack.pool_size={size}")
+        _, rows = run_rounds(exp)
+        attacked = [r for r in rows if r["attack/malicious_in_round"] >= 1]
+        assert attacked and all(r["attack/known"] == known for r in attacked)
+
+
+def test_frl_rankings_trained_aside_are_those_of_a_sampled_client(tmp_path):
+    exp = smoke_experiment(tmp_path, "experiment=frl_digits", "num_clients=8")
+    alg, executor, data = exp.algorithm, exp.executor, exp.data
+    state = alg.init_state()
+    aside = train_aside(alg, executor, data, state, 2, 0, [1, 6])
+    alone = RoundContext(2, (6,), 0)  # client 6 as if it had been sampled in round 2
+    sampled = executor.run(alg, alg.configure_round(state, alone), alone, data)
+    assert all(torch.equal(a, b) for a, b in zip(aside[1].upload.layers, sampled[0].upload.layers))
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedrep"])  # FedRep keeps heads in the store

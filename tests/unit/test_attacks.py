@@ -124,6 +124,25 @@ def test_halving_search_finds_the_largest_passing_gamma():
     assert halving_search(lambda g: False, 10.0) == 0.0
 
 
+def test_agr_tailored_probes_gamma_from_5_as_the_reference_code():
+    # FRL's reference code: our_attack_trmean / our_attack_mkrum(threshold=5.0) probe λ = 5, then
+    # λ ± λ_fail / 2 with λ_fail = 5 halved after every probe: up on success, down on failure
+    attack = AGRTailored(0.2, target="trimmed_mean")
+    known = torch.tensor([[0.0], [2.0]])  # ∇_b = 1, std = √2: a probe at γ is 1 − γ·√2
+    probes: list[float] = []
+
+    def passes_up_to_6_3(malicious: torch.Tensor) -> bool:
+        probes.append(float((1 - malicious[0]) / 2**0.5))
+        return probes[-1] <= 6.3
+
+    attack.success_test = lambda known, copies: passes_up_to_6_3
+    crafted = attack.craft(known, round_size=5, copies=1)
+    # 5 passes (up 2.5), 7.5 fails (down 1.25), 6.25 passes (up 0.625), 6.875 fails ...
+    assert probes[:5] == pytest.approx([5.0, 7.5, 6.25, 6.875, 6.5625])
+    assert 6.3 - 1e-4 < attack.last_gamma <= 6.3 and max(probes) < 2 * 5.0
+    assert float(crafted[0]) == pytest.approx(1 - attack.last_gamma * 2**0.5)
+
+
 def test_min_max_and_min_sum_success_tests():
     known = torch.tensor([[0.0, 0.0], [2.0, 0.0]])  # max pairwise squared distance 4
     assert min_max_ok(torch.tensor([1.0, 0.0]), known)  # at most 1 from each

@@ -30,7 +30,7 @@ def test_newer_baselines_share_the_presets_setting(paper):
             assert cfg[key] == own[key], (algorithm, key)
         assert "rad_size" not in cfg.algorithm  # no FedHeNN value reaches another method
         if paper == "frl":  # the dense baselines' step, one client one vote, the paper's attack
-            assert cfg.client.lr == 0.02 and cfg.algorithm.weighting == "uniform"
+            assert cfg.client.lr == 0.01 and cfg.algorithm.weighting == "uniform"  # MNIST
             assert target(cfg.attack) == "AGRTailored" and cfg.attack.fraction == 0.2
         else:
             assert cfg.client == own.client, algorithm

@@ -73,9 +73,12 @@ def test_personal_validation_metrics_and_auto_objective(tmp_path):
     )
     assert "eval/personal/acc_mean" in summary.metrics  # test metrics of the same round
     assert experiment(tmp_path / "avg", "algorithm=fedavg").objective == "eval/val/global/acc"
-    # without a validation split `auto` falls back to the test metric
+    # without a validation split `auto` is no objective, never the test metric
     exp = experiment(tmp_path / "noval", "partition.val_fraction=0")
-    assert exp.objective == "eval/global/acc" and not exp.data.has_val
+    assert exp.objective == "none" and not exp.data.has_val
+    summary = exp.run([])
+    assert summary.objective == Objective("none", None) and "eval/global/acc" in summary.metrics
+    assert summary.to_dict()["objective"] == {"name": "none", "value": None}
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,11 @@ model poisoning rewrites the uploads of the round's malicious clients after loca
 (`ClientResult.malicious`) so that an aggregator may be told the round's true malicious count
 (`fedexp.core.aggregation.malicious_count`). `round_metrics` reports `attack/*` every round.
 
+`redraw_majority` (FRL's reference code): the round loop re-draws a cohort in which half or more of
+the sampled clients are malicious (`rejects`), from the same (seed, round) generator
+(`fedexp.core.seeding.sample_clients`), so the cohorts stay a function of the seed; false leaves
+the sampling untouched.
+
 `targets` names the capabilities an attack can corrupt (`fedexp.core.types`: `VECTOR`, a flat
 float vector; `SIGNS`; `SPARSE`; `RANKING`), whatever the upload's class: an algorithm's
 `upload_type` declares its `capabilities`. `check_target` raises ConfigError before training when
@@ -29,6 +34,12 @@ from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext, 
 ATTACK = 401  # seed stream of the malicious set (distinct from core.seeding's streams)
 
 
+def check_flag(value, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key}: must be true or false, got {value!r}")
+    return value
+
+
 class NoAttack:
     """Every client is honest."""
 
@@ -37,13 +48,30 @@ class NoAttack:
     realised_fraction: float = 0.0  # malicious clients / all clients, once set up
     targets: tuple[str, ...] | None = None  # capabilities; None: any upload (data poisoning)
 
-    def __init__(self, fraction: float):
-        # `fraction` exists so that `attack.fraction=...` composes with every attack option
+    def __init__(self, fraction: float, redraw_majority: bool):
+        # `fraction` and `redraw_majority` exist so that `attack.fraction=...` composes with
+        # every attack option, and a preset may set `attack.redraw_majority` whatever the attack
         if fraction:
             raise ConfigError(f"attack.fraction: {fraction} with attack=none; choose an attack")
+        self.redraw_majority = check_flag(redraw_majority, "attack.redraw_majority")
 
     def setup(self, ctx, num_clients: int) -> None:
         """Called once before training with the BuildContext (seed, aggregator, data...)."""
+
+    def check_cohort(self, num_clients: int, per_round: int) -> None:
+        """Raise ConfigError when no cohort of `per_round` clients passes `rejects`."""
+        benign = num_clients - len(self.malicious)
+        if self.redraw_majority and 2 * (per_round - min(benign, per_round)) >= per_round:
+            raise ConfigError(
+                f"attack.redraw_majority: {len(self.malicious)} malicious of {num_clients} "
+                f"clients leave no round of {per_round} with fewer than half malicious"
+            )
+
+    def rejects(self, client_ids: Sequence[int]) -> bool:
+        """Whether the round loop re-draws this cohort: `redraw_majority` and half or more of
+        it malicious (FRL's reference code: `len(round_malicious) >= round_nclients / 2`)."""
+        bad = sum(1 for c in client_ids if c in self.malicious)
+        return self.redraw_majority and 2 * bad >= len(client_ids)
 
     def check_target(self, algorithm) -> None:
         """Raise ConfigError when this attack cannot corrupt what `algorithm` uploads."""
@@ -79,10 +107,11 @@ class Attack(NoAttack):
     name = "attack"
     targets: tuple[str, ...] | None = ()  # the capabilities it corrupts (any one suffices)
 
-    def __init__(self, fraction: float):
+    def __init__(self, fraction: float, redraw_majority: bool):
         if not 0 <= fraction < 1:
             raise ConfigError(f"attack.fraction: must be in [0, 1), got {fraction}")
         self.fraction = fraction
+        self.redraw_majority = check_flag(redraw_majority, "attack.redraw_majority")
 
     def setup(self, ctx, num_clients: int) -> None:
         # int(), not round(): FRL's reference code takes int(num_clients * fraction)

@@ -32,8 +32,7 @@ import torch
 from fedexp.aggregators import KNOWN, aggregator_name
 from fedexp.aggregators.multikrum import krum_select, pairwise_sq_distances, selection_size
 from fedexp.aggregators.trimmed_mean import trimmed_mean
-from fedexp.attacks import Attack
-from fedexp.attacks.pool import check_pool, pool_updates
+from fedexp.attacks.pool import PoolAttack
 from fedexp.core.types import VECTOR, ClientResult, ConfigError, Message, RoundContext
 
 PERTURBATIONS = ("unit", "sign", "std")
@@ -102,7 +101,7 @@ def trimmed_mean_deviation(malicious: torch.Tensor, known: torch.Tensor, copies:
     return float((aggregate - known.mean(0)).norm())
 
 
-class CraftedAttack(Attack):
+class CraftedAttack(PoolAttack):
     """Base: one crafted vector per round from the known benign updates."""
 
     targets = (VECTOR,)  # uploads carrying a flat float vector (`VectorMessage`)
@@ -110,38 +109,31 @@ class CraftedAttack(Attack):
     def __init__(
         self,
         fraction: float,
+        redraw_majority: bool,
         knowledge: str,
         pool: str,
         pool_size: int,
     ):
-        super().__init__(fraction)
+        super().__init__(fraction, redraw_majority, pool, pool_size)
         if knowledge not in KNOWLEDGE:
             raise ConfigError(f"attack.knowledge: must be one of {KNOWLEDGE}, got {knowledge!r}")
-        check_pool(pool, pool_size)
-        self.knowledge, self.pool, self.pool_size = knowledge, pool, pool_size
-        self.last_known = 0  # how many benign updates the round's attackers knew
+        self.knowledge = knowledge
 
     def known_updates(
         self, results: list[ClientResult], positions: list[int], ctx: RoundContext
     ) -> torch.Tensor:
         """[P, d] the benign updates the attackers know this round (see the module doc)."""
         if self.knowledge == "all":
+            self.last_known = len(results)
             return torch.stack([r.upload.vector for r in results])
-        size = self.pool_size if self.pool == "all" else 0  # sampled: the attackers only
-        return pool_updates(results, positions, self.malicious, size, ctx)
+        return torch.stack([u.vector for u in self.known_uploads(results, positions, ctx)])
 
     def corrupt(
         self, results: list[ClientResult], positions: list[int], ctx: RoundContext
     ) -> list[Message]:
         known = self.known_updates(results, positions, ctx)
-        self.last_known = len(known)
         crafted = self.craft(known, len(results), len(positions))
         return [results[i].upload.with_vector(crafted) for i in positions]
-
-    def round_metrics(self, results) -> dict[str, float]:
-        metrics = super().round_metrics(results)
-        metrics["attack/known"] = self.last_known if metrics["attack/malicious_in_round"] else 0
-        return metrics
 
     def craft(self, known: torch.Tensor, round_size: int, copies: int) -> torch.Tensor:
         raise NotImplementedError
@@ -155,12 +147,13 @@ class LIE(CraftedAttack):
     def __init__(
         self,
         fraction: float,
+        redraw_majority: bool,
         knowledge: str,
         pool: str,
         pool_size: int,
         z: float | None,
     ):
-        super().__init__(fraction, knowledge, pool, pool_size)
+        super().__init__(fraction, redraw_majority, knowledge, pool, pool_size)
         self.z = z
 
     @staticmethod
@@ -181,6 +174,7 @@ class PerturbationAttack(CraftedAttack):
     def __init__(
         self,
         fraction: float,
+        redraw_majority: bool,
         knowledge: str,
         pool: str,
         pool_size: int,
@@ -188,7 +182,7 @@ class PerturbationAttack(CraftedAttack):
         gamma_init: float,
         tolerance: float,
     ):
-        super().__init__(fraction, knowledge, pool, pool_size)
+        super().__init__(fraction, redraw_majority, knowledge, pool, pool_size)
         if perturbation not in PERTURBATIONS:
             raise ConfigError(
                 f"attack.perturbation: must be one of {PERTURBATIONS}, got {perturbation!r}"

@@ -1,13 +1,15 @@
-"""The attackers' pool of benign updates: what crafted model-poisoning attacks know.
+"""The attackers' pool of benign uploads: what model-poisoning attacks know (the crafted attacks'
+updates, rank reversal's rankings).
 
 FRL's reference code (after Shejwalkar & Houmansadr, NDSS 2021) has the malicious clients train
 benignly on their own data every round, up to 25 of them drawn from *all* malicious clients, and
-crafts the poisoned update from those benign updates. `pool: all` does the same: the round's
-sampled attackers (whose benign updates the round already computed) plus other malicious clients
-drawn from the seed and the round until `pool_size` updates are known; the others train through
-the run's own executor and algorithm (`RoundContext.train_aside`) on their usual streams, so the
-pool is the same whichever executor runs, and nothing of that extra training reaches the honest
-clients. `pool: sampled` knows only the round's sampled attackers.
+crafts the poisoned update (against FRL: the reversed ranking) from those benign uploads.
+`pool: all` does the same: the round's sampled attackers (whose benign uploads the round already
+computed) plus other malicious clients drawn from the seed and the round until `pool_size`
+uploads are known; the others train through the run's own executor and algorithm
+(`RoundContext.train_aside`) on their usual streams, so the pool's members are the same whichever
+executor runs, and nothing of that extra training reaches the honest clients. `pool: sampled`
+knows only the round's sampled attackers.
 """
 
 from __future__ import annotations
@@ -15,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import torch
 
+from fedexp.attacks import Attack
 from fedexp.core.seeding import derive_seed
-from fedexp.core.types import ClientResult, ConfigError, RoundContext
+from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext
 
 POOL = 402  # seed stream of the pool draw (distinct from the malicious set's stream 401)
 POOLS = ("sampled", "all")
@@ -44,20 +46,44 @@ def pool_extras(
     return sorted(int(c) for c in rng.choice(others, take, replace=False))
 
 
-def pool_updates(
+def pool_uploads(
     results: Sequence[ClientResult],
     positions: Sequence[int],
     malicious: frozenset[int],
     pool_size: int,
     ctx: RoundContext,
-) -> torch.Tensor:
-    """[P, d] benign updates of the pool: the sampled attackers' (in round order), then those
-    of the drawn others, trained aside."""
+) -> list[Message]:
+    """The pool's benign uploads: the sampled attackers' (in round order), then those of the
+    drawn others, trained aside."""
     sampled = [results[i].client_id for i in positions]
-    known = [results[i].upload.vector for i in positions]
+    known = [results[i].upload for i in positions]
     extras = pool_extras(malicious, sampled, pool_size, ctx)
     if extras:
         if ctx.train_aside is None:
             raise RuntimeError("attack.pool=all needs the round loop (ctx.train_aside) to train")
-        known += [r.upload.vector for r in ctx.train_aside(extras)]
-    return torch.stack(known)
+        known += [r.upload for r in ctx.train_aside(extras)]
+    return known
+
+
+class PoolAttack(Attack):
+    """Base of the attacks that know the benign uploads of their pool (`pool`, `pool_size`)."""
+
+    def __init__(self, fraction: float, redraw_majority: bool, pool: str, pool_size: int):
+        super().__init__(fraction, redraw_majority)
+        check_pool(pool, pool_size)
+        self.pool, self.pool_size = pool, pool_size
+        self.last_known = 0  # how many benign uploads the round's attackers knew
+
+    def known_uploads(
+        self, results: Sequence[ClientResult], positions: Sequence[int], ctx: RoundContext
+    ) -> list[Message]:
+        """The pool's benign uploads this round (`pool: sampled`: the round's attackers')."""
+        size = self.pool_size if self.pool == "all" else 0
+        known = pool_uploads(results, positions, self.malicious, size, ctx)
+        self.last_known = len(known)
+        return known
+
+    def round_metrics(self, results) -> dict[str, float]:
+        metrics = super().round_metrics(results)
+        metrics["attack/known"] = self.last_known if metrics["attack/malicious_in_round"] else 0
+        return metrics

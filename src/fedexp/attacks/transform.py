@@ -32,8 +32,8 @@ class Scaling(Attack):
     name = "scaling"
     targets = (VECTOR, SPARSE)
 
-    def __init__(self, fraction: float, factor: float):
-        super().__init__(fraction)
+    def __init__(self, fraction: float, redraw_majority: bool, factor: float):
+        super().__init__(fraction, redraw_majority)
         if factor == 0:
             raise ConfigError("attack.factor: must be non-zero")
         self.factor = factor

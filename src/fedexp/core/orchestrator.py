@@ -73,7 +73,10 @@ class Orchestrator:
 
     def run_round(self, state: ServerState, t: int) -> tuple[ServerState, dict]:
         start = time.perf_counter()
-        ids = sample_clients(self.seed, t, self.data.num_clients, self.clients_per_round)
+        # the attack may have a round re-drawn (`attack.redraw_majority`, FRL's reference code)
+        ids = sample_clients(
+            self.seed, t, self.data.num_clients, self.clients_per_round, self.attack.rejects
+        )
         ctx = RoundContext(t, ids, self.seed)
         stats = self.algorithm.broadcast_stats(state)  # running statistics, besides the payloads
         payloads = self.algorithm.configure_round(state, ctx)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -14,10 +16,21 @@ def derive_seed(*keys: int) -> int:
     return int(np.random.SeedSequence([int(k) for k in keys]).generate_state(2, np.uint64)[0] >> 1)
 
 
-def sample_clients(seed: int, round_idx: int, num_clients: int, per_round: int) -> tuple[int, ...]:
-    """The round's cohort, a function of (seed, round) alone, in ascending id order."""
+def sample_clients(
+    seed: int,
+    round_idx: int,
+    num_clients: int,
+    per_round: int,
+    rejects: Callable[[tuple[int, ...]], bool] | None = None,
+) -> tuple[int, ...]:
+    """The round's cohort, a function of (seed, round) alone, in ascending id order. A cohort
+    that `rejects` refuses is drawn again from the same generator (its next draw), until one
+    passes; without `rejects` (or when the first draw passes) it is the first draw."""
     rng = np.random.default_rng(derive_seed(seed, SAMPLING, round_idx))
-    return tuple(int(c) for c in np.sort(rng.choice(num_clients, per_round, replace=False)))
+    while True:
+        ids = tuple(int(c) for c in np.sort(rng.choice(num_clients, per_round, replace=False)))
+        if rejects is None or not rejects(ids):
+            return ids
 
 
 def client_arch(seed: int, client_id: int, num_archs: int) -> int:

@@ -265,14 +265,38 @@ OBJECTIVE_PATTERNS = (
 )
 
 
+NO_OBJECTIVE = "none"  # a run without an objective (`auto` without validation data)
+
+
 def check_objective_name(name) -> None:
-    """`auto` or the name of a metric fedexp reports (checked before anything is built)."""
-    if name == "auto":
+    """`auto`, `none` or the name of a metric fedexp reports (checked before anything is built)."""
+    if name in ("auto", NO_OBJECTIVE):
         return
     if not isinstance(name, str) or not any(re.fullmatch(p, name) for p in OBJECTIVE_PATTERNS):
         raise ConfigError(
-            f"objective: {name!r} is not a metric fedexp reports; e.g. auto, "
+            f"objective: {name!r} is not a metric fedexp reports; e.g. auto, none, "
             "eval/val/global/acc, eval/val/personal/acc_mean, eval/global/acc, train/loss"
+        )
+
+
+def check_search_objective(cfg: DictConfig, searched: Sequence[str] = ()) -> None:
+    """What a search (`hydra/sweeper=optuna_study`) needs before its first trial: an objective,
+    and validation data when the objective is `auto` or an `eval/val/` metric (a search never
+    falls back to tuning on the test set). `searched`: the keys the search varies (a searched
+    `partition.val_fraction` is left to each trial)."""
+    name = cfg.get("objective", "auto")
+    check_objective_name(name)
+    if name == NO_OBJECTIVE:
+        raise ConfigError(
+            "objective: none; a search needs one (e.g. eval/val/global/acc, with "
+            "partition.val_fraction > 0)"
+        )
+    val = OmegaConf.select(cfg, "partition.val_fraction", default=0) or 0
+    wants_val = name == "auto" or name.startswith("eval/val/")
+    if wants_val and "partition.val_fraction" not in searched and not val > 0:
+        raise ConfigError(
+            f"objective: {name} needs validation data and partition.val_fraction is {val}; "
+            "a search does not tune on the test set: set partition.val_fraction > 0"
         )
 
 

@@ -136,7 +136,8 @@ def grouping_keys(runs: list[Run]) -> list[str]:
     choice and left out; so is every key when a _global_ preset (experiment) varies.
     """
     choices = [r.summary.choices for r in runs]
-    names = sorted({k for c in choices for k in c} - set(IGNORED))
+    # a nested derived group ('paper_algorithm/frl_dense@frl_dense') is ignored with its parent
+    names = sorted({k for c in choices for k in c if k.split("/")[0] not in IGNORED})
     varying_choices = [k for k in names if _varies([c.get(k) for c in choices])]
     if any(g in varying_choices for g in GLOBAL_GROUPS):
         return [f"choice:{k}" for k in varying_choices]

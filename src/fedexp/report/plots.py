@@ -7,6 +7,7 @@ none (NaN), and then no band or error bar is drawn.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -167,13 +168,17 @@ def _group_ticks(ax, names: list[str]) -> None:
     ax.grid(alpha=0.3, axis="y")
 
 
+def client_values(runs, kind: str) -> list[float]:
+    """The completed runs' final per-client accuracies of `kind`, pooled; clients without a
+    value (null or NaN: an empty local test split, or none at all) are left out."""
+    values = [a for r in runs if r.completed for a in r.summary.client_acc.get(kind) or []]
+    return [float(a) for a in values if isinstance(a, (int, float)) and math.isfinite(a)]
+
+
 def plot_client_boxes(groups, path: Path) -> bool:
-    """Per-client final accuracies (summary.json client_acc), pooled over a group's seeds."""
-    kinds = [
-        k
-        for k in ("personal", "global")
-        if any(r.summary.client_acc.get(k) for g in groups.values() for r in g)
-    ]
+    """Per-client final accuracies (summary.json client_acc), pooled over a group's seeds; False
+    when no run has a finite one."""
+    kinds = [k for k in ("personal", "global") if any(client_values(g, k) for g in groups.values())]
     if not kinds:
         return False
     plt, colours = _pyplot(), palette(list(groups))
@@ -182,7 +187,7 @@ def plot_client_boxes(groups, path: Path) -> bool:
     for ax, kind in zip(axes[0], kinds):
         names, data = [], []
         for name, runs in groups.items():
-            values = [a for r in runs if r.completed for a in r.summary.client_acc.get(kind, [])]
+            values = client_values(runs, kind)
             if values:
                 names.append(name)
                 data.append(values)

@@ -8,7 +8,9 @@ one job whose number is the trial's number (its run dir is `<sweep dir>/<trial n
 reports its `objective` after every evaluated round (`fedexp.core.pruning.TrialPruner`) and the
 study's `pruner` may stop it there. The search space uses the Hydra sweep syntax:
 `interval(a, b)`, `tag(log, interval(a, b))` (ints when both ends are ints), `choice(...)`,
-`range(...)`.
+`range(...)`. A search needs an objective measured on validation data (`auto` or `eval/val/...`
+with `partition.val_fraction` > 0, or another metric named by `objective`): without one it is
+refused before its first trial (`fedexp.core.validation.check_search_objective`).
 """
 
 from __future__ import annotations
@@ -125,10 +127,11 @@ class OptunaStudySweeper(Sweeper):
 
     def sweep(self, arguments: list[str]) -> None:
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        space, fixed = self._space(arguments)
+        refuse_without_objective(self.config, list(space), sweep_dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         storage = self.storage or study_storage(str(sweep_dir))
         study = self._load(storage)
-        space, fixed = self._space(arguments)
         name = study.study_name
         # every job finds its study whatever `${now:}` gives in its process
         fixed += [f"hydra.sweeper.storage='{storage}'", f"hydra.sweeper.study_name='{name}'"]
@@ -148,6 +151,20 @@ class OptunaStudySweeper(Sweeper):
             for trial, ret in zip(trials, returns):
                 tell(study, trial, ret)
         write_results(study, sweep_dir)
+
+
+def refuse_without_objective(config: DictConfig, searched: list[str], sweep_dir: Path) -> None:
+    """Before any trial: a search without an objective on validation data is refused in one line
+    (exit 2), and the sweep dir it claimed is left as it was (`check_search_objective`)."""
+    from fedexp.core import run_dir
+    from fedexp.core.validation import check_search_objective
+    from fedexp.errors import ConfigError
+
+    try:
+        check_search_objective(config, searched)
+    except ConfigError as err:
+        run_dir.discard(sweep_dir)
+        run_dir.refuse(err)
 
 
 def finished(study: optuna.Study) -> int:
