@@ -15,6 +15,7 @@ from fedexp.algorithms.fedprox import FedProx
 from fedexp.algorithms.fedrep import FedRep
 from fedexp.algorithms.local import Local
 from fedexp.algorithms.scaffold import Scaffold
+from fedexp.attacks import NoAttack
 from fedexp.core.executors import SequentialExecutor
 from fedexp.core.orchestrator import Orchestrator
 from fedexp.core.types import ConfigError, RoundContext
@@ -115,7 +116,7 @@ def test_the_ledger_counts_statistics_both_ways():
     data = unequal_pairs()
     algo = FedAvg(make_ctx(data, factory=bn_mlp, batch_size=4))
     loop = Orchestrator(
-        algo, SequentialExecutor(), data, _NoAttack(), seed=0, rounds=1,
+        algo, SequentialExecutor(), data, NoAttack(0.0, False), seed=0, rounds=1,
         clients_per_round=2, eval_every=1,
     )  # fmt: skip
     _, metrics = loop.run_round(algo.init_state(), 1)
@@ -123,17 +124,6 @@ def test_the_ledger_counts_statistics_both_ways():
     assert metrics["comm/up_bits"] == 2 * 30 * 32
     assert metrics["comm/down_bits"] == 2 * 30 * 32
     assert algo.describe()["params/running_stats_per_client"] == 7
-
-
-class _NoAttack:
-    def wrap_data(self, data):
-        return data
-
-    def apply(self, results, ctx):
-        return results
-
-    def round_metrics(self, results):
-        return {}
 
 
 def test_fedbn_keeps_statistics_on_the_client():
