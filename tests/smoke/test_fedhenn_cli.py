@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from conftest import summaries, write_sent140_csv
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # tiny models on a shared machine
@@ -36,7 +38,7 @@ def test_heterogeneous_sent140_draws_both_lstm_depths(cli):
         "model=lstm_family",
         "dataset=sent140",
         f"dataset.data_dir={data}",
-        "algorithm.server_pool=8",  # 60 tweets: keep most for the clients
+        "partition.server_pool=8",  # 60 tweets: keep most for the clients
         "algorithm.rad_size=8",
         "debug=smoke",
         "seed=1",  # gives clients 0..5 the architectures 1 0 0 1 0 0
@@ -60,7 +62,7 @@ def test_default_family_auto_picks_the_lstm_family_for_text(cli):
         "algorithm.variant=heterogeneous",
         "dataset=sent140",  # model=lstm: one architecture, so the default family is used
         f"dataset.data_dir={data}",
-        "algorithm.server_pool=8",
+        "partition.server_pool=8",
         "algorithm.rad_size=8",
         "debug=smoke",
         "rounds=1",
@@ -69,3 +71,18 @@ def test_default_family_auto_picks_the_lstm_family_for_text(cli):
     (summary,) = summaries(cli.cwd)
     assert "fedhenn/arch1_clients" in summary["describe"]  # the 2-member lstm_family
     assert "fedhenn/arch2_clients" not in summary["describe"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (("algorithm=fedhenn", "partition.server_pool=0"), "partition.server_pool: 0, but"),
+        (("partition.server_pool=1500",), "partition.server_pool: 1500 >= the 1438 training"),
+    ],
+)
+def test_a_missing_or_too_large_server_pool_is_one_line_exit_2(cli, overrides, message):
+    proc = cli(*overrides, "debug=smoke", check=False, env=ONE_THREAD)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert not list(cli.cwd.rglob("summary.json"))  # refused before any training

@@ -67,7 +67,8 @@ class Claim:
 
 # digits (1,797 8x8 images), 20 clients of 2-class shards, 10 a round, MLP 200-200, SGD lr 0.05
 SHARDS = ("rounds=20", "client.local_epochs=5")
-# docs/waffle.md's odd/even digits: 15 majority : 3 minority clients of 42 samples
+# docs/waffle.md's odd/even digits: 15 majority : 3 minority clients of 36 samples (42 there,
+# measured without the server pool)
 MULTIMODAL = (
     "partition=multimodal",
     "num_clients=18",
@@ -78,7 +79,7 @@ MULTIMODAL = (
     "client.batch_size=10",
     "client.lr=0.02",
 )
-# iid digits, 10 clients of ~115 training images, many local epochs (an attack needs overfitting)
+# iid digits, 10 clients of ~87 training images, many local epochs (an attack needs overfitting)
 MIA_BASE = (
     "partition=iid",
     "privacy=mia",
@@ -157,7 +158,7 @@ CLAIMS: tuple[Claim, ...] = (
         "WAFFLe's majority − minority gap < FedAvg's and FedProx's (multimodal split)",
         "WAFFLe Table 2: FedAvg's minority (evens) ≈ 30 points below its majority (odds); "
         "WAFFLe's groups on par",
-        "odd/even digits, 15 : 3 clients × 42 samples, 6 a round, 50 rounds, E = 5, B = 10, "
+        "odd/even digits, 15 : 3 clients × 36 samples, 6 a round, 50 rounds, E = 5, B = 10, "
         "lr 0.02, FedProx μ = 1; `eval/group/gap`",
         (
             Term("WAFFLe gap", "multimodal-waffle", GAP),
@@ -184,7 +185,7 @@ CLAIMS: tuple[Claim, ...] = (
         "WAFFLe's membership-inference AUC ≤ FedAvg's",
         "WAFFLe Table 3 (CIFAR-10, 1000 training images a client): the attack succeeds highly "
         "on FedAvg's upload, moderately above chance (50 %) on WAFFLe's",
-        "iid digits, 10 clients × ~115 training images, 5 a round, 10 rounds, E = 10, B = 10, "
+        "iid digits, 10 clients × ~87 training images, 5 a round, 10 rounds, E = 10, B = 10, "
         "lr 0.02, `privacy=mia` (3 shadows, 4 targets)",
         (
             Term("WAFFLe", "mia-waffle", MIA),
