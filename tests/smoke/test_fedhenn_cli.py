@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from conftest import summaries, write_sent140_csv
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # tiny models on a shared machine
@@ -71,18 +69,3 @@ def test_default_family_auto_picks_the_lstm_family_for_text(cli):
     (summary,) = summaries(cli.cwd)
     assert "fedhenn/arch1_clients" in summary["describe"]  # the 2-member lstm_family
     assert "fedhenn/arch2_clients" not in summary["describe"]
-
-
-@pytest.mark.parametrize(
-    ("overrides", "message"),
-    [
-        (("algorithm=fedhenn", "partition.server_pool=0"), "partition.server_pool: 0, but"),
-        (("partition.server_pool=1500",), "partition.server_pool: 1500 >= the 1438 training"),
-    ],
-)
-def test_a_missing_or_too_large_server_pool_is_one_line_exit_2(cli, overrides, message):
-    proc = cli(*overrides, "debug=smoke", check=False, env=ONE_THREAD)
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], proc.stderr
-    assert not list(cli.cwd.rglob("summary.json"))  # refused before any training
