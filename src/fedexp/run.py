@@ -47,7 +47,7 @@ from fedexp.core.validation import (
 )
 from fedexp.data.federated import FederatedData
 from fedexp.data.partition_report import write_partition_stats
-from fedexp.data.server_pool import ServerDataRequest, reserve_server_pool
+from fedexp.data.server_pool import reserve_server_pool
 from fedexp.loggers.files import RunRecorder
 
 log = logging.getLogger(__name__)
@@ -130,19 +130,12 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def server_data_request(cfg: DictConfig) -> ServerDataRequest | None:
-    """The server data declared by `cfg.algorithm`'s target (`server_data(cfg)`), or None."""
-    declare = getattr(target(cfg, "algorithm"), "server_data", None)
-    return declare(cfg) if callable(declare) else None
-
-
 def build_data(cfg: DictConfig, device: torch.device) -> FederatedData:
     dataset = build(cfg.dataset, "dataset", seed=cfg.seed, num_clients=cfg.num_clients)
-    # data an algorithm needs on the server (FedHeNN's rad_source=holdout pool), declared by it
-    request = server_data_request(cfg)
-    if request is not None:
-        dataset = reserve_server_pool(dataset, request.size, cfg.seed, request.key)
     scheme = build(cfg.partition, "partition")
+    # the server's pool (`partition.server_pool`), set aside before partitioning for every
+    # algorithm alike: no client ever holds it (FedHeNN draws its RAD from it)
+    dataset = reserve_server_pool(dataset, scheme.server_pool, cfg.seed)
     labels = dataset.train_y.numpy()
     partition = scheme(
         labels,
@@ -153,6 +146,12 @@ def build_data(cfg: DictConfig, device: torch.device) -> FederatedData:
         cache_dir=cfg.paths.cache_dir,
         cache_key={"dataset": OmegaConf.to_container(cfg.dataset, resolve=True)},
     )
+    if dataset.server_x is not None:
+        log.info(
+            "server pool: %d training samples set aside before partitioning, held by no client "
+            "(partition.server_pool)",
+            len(dataset.server_x),
+        )
     coverage = partition_coverage(dataset, partition)
     log.info(
         "partition: the clients hold %d of %d classes and %.1f%% of the %d training samples",

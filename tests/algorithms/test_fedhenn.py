@@ -1,9 +1,9 @@
-"""FedHeNN: exact reductions (eta = 0), the alignment term, K_bar, the ledger, validation."""
+"""FedHeNN: exact reductions (eta = 0), the RAD's source, eta(t), the alignment term, K_bar, the
+two uploads (weights, representations), the ledger, validation."""
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from pathlib import Path
 
 import pytest
@@ -12,12 +12,12 @@ import torch
 from components import with_yaml
 from conftest import smoke_experiment
 from fedexp.algorithms.fedavg import FedAvg
-from fedexp.algorithms.fedhenn import client_arch
 from fedexp.algorithms.fedhenn_alignment import (
     AlignmentOptions,
     AlignmentUpload,
     AlignModule,
     AlignPayload,
+    ClientWeights,
     Rad,
     draw_rad,
 )
@@ -26,7 +26,14 @@ from fedexp.core.client import ClientModule
 from fedexp.core.client_store import ClientStore
 from fedexp.core.executors import train_local
 from fedexp.core.orchestrator import Orchestrator
-from fedexp.core.seeding import CLIENT, INIT, client_generator, derive_seed, sample_clients
+from fedexp.core.seeding import (
+    CLIENT,
+    INIT,
+    client_arch,
+    client_generator,
+    derive_seed,
+    sample_clients,
+)
 from fedexp.core.types import ClientResult, ConfigError, RoundContext, ServerState, Weights
 from fedexp.loggers.base import Logger
 from fedexp.metrics.cka import linear_kernel
@@ -64,20 +71,26 @@ def run(exp: Experiment, algorithm=None) -> tuple[Orchestrator, Capture]:
 
 
 def options(**changes) -> AlignmentOptions:
-    base = AlignmentOptions("linear", 1.0, "cka", 0.1, "constant", 50, 2.0, 8, "noise", "uniform")
+    base = AlignmentOptions(
+        "linear", 1.0, "cka", 0.1, "constant", 50, 2.0, 8, "noise", "uniform", "weights"
+    )
     return dataclasses.replace(base, **changes)
 
 
 def test_eta_schedules_by_hand():
-    assert options(eta_schedule="constant").eta(9) == pytest.approx(0.1)
-    assert options(eta_schedule="linear").eta(9) == pytest.approx(0.9)
-    assert options(eta_schedule="sqrt").eta(9) == pytest.approx(0.3)
+    # the authors' code: eta = eta0 * sqrt(iter), iter = 0, 1, ...; round t is iter t - 1
+    rounds = (1, 2, 3, 5, 10)
+    sqrt = options(eta_schedule="sqrt")
+    assert [sqrt.eta(t) for t in rounds] == pytest.approx([0, 0.1, 0.1 * 2**0.5, 0.2, 0.3])
+    linear = options(eta_schedule="linear")
+    assert [linear.eta(t) for t in rounds] == pytest.approx([0, 0.1, 0.2, 0.4, 0.9])
+    constant = options(eta_schedule="constant")
+    assert [constant.eta(t) for t in rounds] == pytest.approx([0.1] * 5)
     step = options(eta_schedule="step", eta_step_every=10, eta_step_gamma=3.0)
     assert [step.eta(t) for t in (1, 10, 11, 21)] == pytest.approx([0.1, 0.1, 0.3, 0.9])
 
 
 def test_eta0_homogeneous_is_fedavg_exactly_on_the_same_data(tmp_path):
-    # the default RAD (rad_source=train) takes nothing from the clients: the same client data
     henn = experiment(tmp_path, "algorithm=fedhenn", "algorithm.eta0=0")
     orch_henn, _ = run(henn)
     ctx = dataclasses.replace(henn.algorithm.ctx, store=ClientStore())
@@ -88,31 +101,51 @@ def test_eta0_homogeneous_is_fedavg_exactly_on_the_same_data(tmp_path):
             assert orch_henn.last_eval[key] == value, key
 
 
-def test_eta0_homogeneous_summary_equals_fedavg_summary(tmp_path):
-    # on the defaults the whole pipeline, config to summary, is FedAvg's: the same client data
-    # (the RAD takes nothing from the clients) and the same local training (FedHeNN's client
-    # settings are the authors' SGD, so FedAvg is run with them: client=fedhenn)
-    avg = experiment(tmp_path / "a", "algorithm=fedavg", "client=fedhenn").run([])
-    henn = experiment(tmp_path / "h", "algorithm=fedhenn", "algorithm.eta0=0").run([])
-    for key, value in avg.metrics.items():
+def test_eta0_homogeneous_is_fedavg_exactly_on_the_default_config_with_the_pool(tmp_path):
+    # the server pool is set aside for every algorithm alike, so FedAvg, built from its own
+    # config, sees the clients' data FedHeNN sees; with FedHeNN's client settings (the authors'
+    # SGD: client=fedhenn) the whole pipeline, config to trained weights and summary, is FedAvg's
+    avg = experiment(tmp_path / "a", "algorithm=fedavg", "client=fedhenn")
+    henn = experiment(tmp_path / "h", "algorithm=fedhenn", "algorithm.eta0=0")
+    pool = henn.data.server_x
+    assert pool is not None and len(pool) == henn.cfg.partition.server_pool > 0
+    assert torch.equal(avg.data.server_x, pool) and torch.equal(avg.data.x, henn.data.x)
+    orch_avg, _ = run(avg)
+    orch_henn, _ = run(henn)
+    assert torch.equal(orch_henn.state.params, orch_avg.state.params)
+    avg_summary = experiment(tmp_path / "a2", "algorithm=fedavg", "client=fedhenn").run([])
+    henn_summary = experiment(tmp_path / "h2", "algorithm=fedhenn", "algorithm.eta0=0").run([])
+    for key, value in avg_summary.metrics.items():
         if not key.startswith("time/"):
-            assert henn.metrics[key] == value, key
-    assert "eval/personal/acc_mean" in henn.metrics
+            assert henn_summary.metrics[key] == value, key
+    assert "eval/personal/acc_mean" in henn_summary.metrics
 
 
-def test_rad_is_drawn_from_the_clients_training_inputs(tmp_path):
+def rows_in(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """For each row of x: whether it equals one of `rows`."""
+    return (x.flatten(1)[:, None, :] == rows.flatten(1)[None, :, :]).all(-1).any(1)
+
+
+def test_rad_is_drawn_each_round_from_the_server_pool(tmp_path):
     exp = experiment(tmp_path, "algorithm=fedhenn")
     data, opts = exp.data, exp.algorithm.opts
-    assert opts.rad_source == "train" and data.dataset.server_x is None  # nothing held back
-    pool = data.x[data.train_pool()]
-    rads = [draw_rad(opts, data, 0, t).x for t in (1, 2)]
+    assert opts.rad_source == "server"
+    rads = [draw_rad(opts, data, 0, t) for t in (1, 2)]
     for rad in rads:
-        assert rad.shape == (opts.rad_size, *data.input_shape)
-        # every RAD input is one of the clients' training inputs
-        match = (rad.flatten(1)[:, None, :] == pool.flatten(1)[None, :, :]).all(-1)
-        assert bool(match.any(1).all())
-    assert not torch.equal(rads[0], rads[1])  # re-drawn every round
-    assert torch.equal(draw_rad(opts, data, 0, 1).x, rads[0])  # a function of (seed, round)
+        assert rad.x.shape == (opts.rad_size, *data.input_shape)
+        assert bool(rows_in(rad.x, data.server_x).all())  # every input from the pool
+        assert rad.num_bits() == rad.x.numel() * 32  # the server sends the instances
+    assert not torch.equal(rads[0].x, rads[1].x)  # re-drawn every round
+    assert torch.equal(draw_rad(opts, data, 0, 1).x, rads[0].x)  # a function of (seed, round)
+
+
+def test_rad_source_train_draws_the_clients_inputs_and_says_so(tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="fedexp.algorithms.fedhenn"):
+        exp = experiment(tmp_path, "algorithm=fedhenn", "algorithm.rad_source=train")
+    assert "clients' raw training inputs" in caplog.text
+    data, opts = exp.data, exp.algorithm.opts
+    rad = draw_rad(opts, data, 0, 1).x
+    assert bool(rows_in(rad, data.x[data.train_pool()]).all())  # the clients' own inputs
 
 
 def test_homogeneous_alignment_changes_training_and_personal_models_are_kept(tmp_path):
@@ -121,14 +154,16 @@ def test_homogeneous_alignment_changes_training_and_personal_models_are_kept(tmp
     ctx = dataclasses.replace(henn.algorithm.ctx, store=ClientStore())
     orch_avg, _ = run(henn, FedAvg(ctx))
     assert not torch.equal(orch.state.params, orch_avg.state.params)
-    assert capture.rounds[-1]["fedhenn/eta"] == pytest.approx(math.sqrt(2))
+    # eta0 * sqrt(t - 1): no alignment in round 1, eta0 in round 2
+    assert [r["fedhenn/eta"] for r in capture.rounds] == [0.0, 1.0]
     trained = set(sample_clients(0, 1, 6, 3)) | set(sample_clients(0, 2, 6, 3))
     assert set(henn.algorithm.store.state_dict()) == trained
-    # down: weights + the L RAD inputs (8 x 8 floats each; debug=smoke: L = 8) per client;
-    # up: weight deltas
+    # down: weights, and from round 2 the L RAD inputs (8 x 8 floats each; debug=smoke: L = 8)
+    # per client; up: weight deltas
     params, rad = orch.state.params.numel(), henn.algorithm.opts.rad_size
     assert rad == 8
-    assert capture.rounds[0]["comm/down_bits"] == 3 * (params * 32 + rad * 64 * 32)
+    assert capture.rounds[0]["comm/down_bits"] == 3 * params * 32  # FedAvg's
+    assert capture.rounds[1]["comm/down_bits"] == 3 * (params * 32 + rad * 64 * 32)
     assert capture.rounds[0]["comm/up_bits"] == 3 * params * 32
 
 
@@ -165,10 +200,11 @@ def test_eta0_heterogeneous_is_isolated_local_training(tmp_path):
     assert len(orch.client_accs["personal"]) == 6 and "eval/global/acc" not in orch.last_eval
 
 
-def test_heterogeneous_alignment_starts_in_round_two_and_is_counted(tmp_path):
+@pytest.mark.parametrize("upload", ["weights", "representations"])
+def test_heterogeneous_alignment_starts_in_round_two_and_is_counted(tmp_path, upload):
     plain = experiment(tmp_path / "p", *HETERO, "algorithm.eta0=0")
     run(plain)
-    exp = experiment(tmp_path / "a", *HETERO, "algorithm.eta0=1.0")
+    exp = experiment(tmp_path / "a", *HETERO, "algorithm.eta0=1.0", f"algorithm.upload={upload}")
     orch, capture = run(exp)
     round1, round2 = sample_clients(0, 1, 6, 3), sample_clients(0, 2, 6, 3)
     assert (round1, round2) == ((0, 1, 2), (0, 2, 4))
@@ -178,18 +214,47 @@ def test_heterogeneous_alignment_starts_in_round_two_and_is_counted(tmp_path):
 
     assert same(1) and same(3) and same(5)  # round 1 has no K_bar yet; 3, 5 never trained
     assert not same(0) and not same(2) and not same(4)  # aligned to K_bar(1) in round 2
-    # round 1: the L probe inputs (8 x 8 floats) down; representations (L x d_j) or
-    # kernels (d_j > L) up
-    widths = [
-        exp.algorithm.modules[exp.algorithm.archs[c]].model.body(exp.data.x[:2]).shape[1]
-        for c in round1
-    ]
     first, second = capture.rounds
-    L = exp.algorithm.opts.rad_size
-    assert first["comm/down_bits"] == 3 * L * 64 * 32
-    assert first["comm/up_bits"] == sum(L * min(d, L) * 32 for d in widths)
-    # round 2: RAD + probe inputs and the L x L K_bar
-    assert second["comm/down_bits"] == 3 * (2 * L * 64 * 32 + L * L * 32)
+    L, algorithm = exp.algorithm.opts.rad_size, exp.algorithm
+    modules = [algorithm.modules[algorithm.archs[c]].model for c in round1]
+    if upload == "weights":
+        # round 1: nothing down (no K_bar yet); each client's weights up
+        assert first["comm/down_bits"] == 0
+        assert first["comm/up_bits"] == sum(
+            32 * sum(p.numel() for p in m.parameters()) for m in modules
+        )
+        # round 2: the L RAD inputs (8 x 8 floats) and the L x L K_bar
+        assert second["comm/down_bits"] == 3 * (L * 64 * 32 + L * L * 32)
+    else:
+        # round 1: the L probe inputs down; representations (L x d_j) or kernels (d_j > L) up
+        widths = [m.body(exp.data.x[:2]).shape[1] for m in modules]
+        assert first["comm/down_bits"] == 3 * L * 64 * 32
+        assert first["comm/up_bits"] == sum(L * min(d, L) * 32 for d in widths)
+        # round 2: RAD + probe inputs and the L x L K_bar
+        assert second["comm/down_bits"] == 3 * (2 * L * 64 * 32 + L * L * 32)
+
+
+def test_uploading_weights_or_representations_trains_the_same_models(tmp_path):
+    # the server runs each uploaded model on the RAD exactly as a client computes its upload
+    # (the same module, weights and inputs, the same operations in the same order), so K_bar
+    # and every model trained against it are bit-identical, not merely close
+    runs = {}
+    for upload in ("weights", "representations"):
+        exp = experiment(
+            tmp_path / upload,
+            *HETERO,
+            "algorithm.eta0=1.0",
+            f"algorithm.upload={upload}",
+            "rounds=3",
+        )
+        orch, capture = run(exp)
+        runs[upload] = exp, orch, capture
+    (w, w_orch, w_cap), (r, r_orch, r_cap) = runs["weights"], runs["representations"]
+    assert torch.equal(w_orch.state.buffers["kernel"], r_orch.state.buffers["kernel"])
+    for c in range(w.cfg.num_clients):
+        assert torch.equal(w.algorithm.client_params(c), r.algorithm.client_params(c)), c
+    assert w_orch.last_eval["eval/personal/acc_mean"] == r_orch.last_eval["eval/personal/acc_mean"]
+    assert w_cap.rounds[-1]["comm/up_bits"] != r_cap.rounds[-1]["comm/up_bits"]  # other ledgers
 
 
 def test_kernel_bar_is_the_weighted_mean_of_client_kernels(tmp_path):
@@ -204,6 +269,22 @@ def test_kernel_bar_is_the_weighted_mean_of_client_kernels(tmp_path):
     expected = (10 * reps_a @ reps_a.T + 30 * reps_b @ reps_b.T) / 40
     torch.testing.assert_close(state.buffers["kernel"], expected)
     assert state.buffers["kernel_round"] == 5
+
+
+def test_the_server_computes_a_clients_kernel_from_its_weights(tmp_path):
+    exp = experiment(tmp_path, *HETERO)
+    algorithm = exp.algorithm
+    arch = algorithm.archs[0]
+    model = cnn_family((1, 8, 8), 10, arch=arch)
+    params = flat_params(list(model.parameters()))
+    probe = algorithm.probe(1)  # round 1's kernels are on round 2's RAD
+    assert torch.equal(probe.x, draw_rad(algorithm.opts, exp.data, 0, 2).x)
+    reps = model.eval().body(probe.x).flatten(1)
+    kernel = algorithm.client_kernel(ClientWeights(params, arch), probe)
+    torch.testing.assert_close(kernel, reps @ reps.T)  # the linear kernel, K = A A^T
+    results = [ClientResult(0, 10, ClientWeights(params, arch), 0.0, 1)]
+    state, _ = algorithm.aggregate(ServerState(), results, RoundContext(1, (0,), 0))
+    assert torch.equal(state.buffers["kernel"], kernel)
 
 
 @pytest.mark.parametrize(
@@ -247,6 +328,7 @@ def test_message_bits_by_hand():
     sent = dataclasses.replace(derived, target_sent=True, probe=Rad(torch.zeros(5, 3), 64))
     assert sent.num_bits() == 64 + 64 + 25 * 32
     assert AlignmentUpload(torch.zeros(5, 4), False).num_bits() == 20 * 32
+    assert ClientWeights(torch.zeros(7), 3).num_bits() == 7 * 32  # the architecture is free
     assert Weights(torch.zeros(3)).num_bits() == AlignPayload(0.0, torch.zeros(3)).num_bits()
 
 
@@ -263,11 +345,17 @@ def test_message_bits_by_hand():
             "algorithm.default_family",
         ),
         ((*HETERO, "algorithm.distance=procrustes"), "algorithm.distance"),
-        (("algorithm=fedhenn", "algorithm.rad_size=100000"), "algorithm.rad_size"),
         (
-            ("algorithm=fedhenn", "algorithm.rad_source=holdout", "algorithm.rad_size=300"),
-            "algorithm.server_pool",
+            ("algorithm=fedhenn", "algorithm.rad_source=train", "algorithm.rad_size=9000"),
+            "algorithm.rad_size",
         ),
+        (("algorithm=fedhenn", "partition.server_pool=0"), "partition.server_pool: 0, but"),
+        (("algorithm=fedhenn", "algorithm.rad_size=300"), "partition.server_pool: 16 < algorithm"),
+        (("algorithm=fedhenn", "algorithm.rad_source=holdout"), "algorithm.rad_source"),
+        (("algorithm=fedhenn", "algorithm.upload=representations"), "algorithm.upload"),
+        ((*HETERO, "algorithm.upload=kernels"), "algorithm.upload"),
+        (("partition.server_pool=100000",), "partition.server_pool: 100000 >= the"),
+        (("partition.server_pool=-1",), "partition.server_pool"),
         (("algorithm=fedhenn", "algorithm.kernel=cosine"), "algorithm.kernel"),
         (("algorithm=fedhenn", "algorithm.eta_schedule=cosine"), "algorithm.eta_schedule"),
         (("algorithm=fedhenn", "algorithm.variant=both"), "algorithm.variant"),
@@ -283,9 +371,14 @@ def test_heterogeneous_on_a_single_model_draws_from_the_default_family(tmp_path)
     assert algo.num_archs == 5
 
 
-def test_eavesdroppers_rebuild_the_homogeneous_local_model_and_nothing_heterogeneous(tmp_path):
-    for overrides, rebuilds in ((("algorithm=fedhenn",), True), (HETERO, False)):
-        exp = experiment(tmp_path / str(rebuilds), *overrides)
+def test_eavesdroppers_rebuild_the_local_model_unless_representations_travel(tmp_path):
+    cases = [
+        (("algorithm=fedhenn",), True),
+        (HETERO, True),  # upload=weights: the client's weights themselves
+        ((*HETERO, "algorithm.upload=representations"), False),
+    ]
+    for i, (overrides, rebuilds) in enumerate(cases):
+        exp = experiment(tmp_path / str(i), *overrides)
         algorithm = exp.algorithm
         state = algorithm.init_state()
         ctx = RoundContext(1, (0,), exp.cfg.seed)

@@ -36,7 +36,7 @@ def test_heterogeneous_sent140_draws_both_lstm_depths(cli):
         "model=lstm_family",
         "dataset=sent140",
         f"dataset.data_dir={data}",
-        "algorithm.server_pool=8",  # 60 tweets: keep most for the clients
+        "partition.server_pool=8",  # 60 tweets: keep most for the clients
         "algorithm.rad_size=8",
         "debug=smoke",
         "seed=1",  # gives clients 0..5 the architectures 1 0 0 1 0 0
@@ -60,7 +60,7 @@ def test_default_family_auto_picks_the_lstm_family_for_text(cli):
         "algorithm.variant=heterogeneous",
         "dataset=sent140",  # model=lstm: one architecture, so the default family is used
         f"dataset.data_dir={data}",
-        "algorithm.server_pool=8",
+        "partition.server_pool=8",
         "algorithm.rad_size=8",
         "debug=smoke",
         "rounds=1",

@@ -219,6 +219,8 @@ def test_config_runs_each_image_dataset(tmp_path, monkeypatch, dataset):
     writers = {f"f{k:04d}_{k}": 4 + k for k in range(8)}
     write_leaf_femnist(data / "femnist", writers)
     overrides = ["debug=smoke", f"dataset={dataset}", "rounds=1"]
+    if dataset == "femnist":  # 60 samples of 8 writers: every one goes to the clients
+        overrides.append("partition.server_pool=0")
     if dataset == "cifar100":
         overrides.append("dataset.augment=true")
     summary, run_dir = compose_and_run(tmp_path, monkeypatch, *overrides)

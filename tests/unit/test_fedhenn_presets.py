@@ -36,6 +36,8 @@ def test_preset_composes(preset):
     algorithm = cfg.algorithm
     assert algorithm._target_ == "fedexp.algorithms.fedhenn.fedhenn"
     assert algorithm.rad_size == 5000 and cfg.client.local_epochs == 20
+    # the RAD is re-drawn each round from a server pool twice its size, which no client holds
+    assert algorithm.rad_source == "server" and cfg.partition.server_pool == 10000
     assert cfg.rounds == 200 and cfg.clients_per_round == cfg.num_clients // 10
     if dataset != "sent140":
         assert cfg.partition.classes_per_client == 5
@@ -47,12 +49,14 @@ def test_preset_composes(preset):
         assert algorithm.variant == "homogeneous"
 
 
-def test_smoke_shrinks_the_rad_of_every_fedhenn_preset_and_only_fedhenn():
+def test_smoke_shrinks_the_rad_of_every_fedhenn_preset_and_only_fedhenn_and_every_pool():
     for preset in PRESETS:
         with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
             cfg = compose("config", overrides=[f"experiment={preset}", "debug=smoke"])
             avg = compose(
                 "config", overrides=[f"experiment={preset}", "debug=smoke", "algorithm=fedavg"]
             )
-        assert cfg.algorithm.rad_size == 8 and cfg.algorithm.rad_source == "train", preset
+        assert cfg.algorithm.rad_size == 8 and cfg.algorithm.rad_source == "server", preset
         assert "rad_size" not in avg.algorithm, preset
+        # the pool shrinks for every method alike: tiny test datasets can spare it
+        assert cfg.partition.server_pool == avg.partition.server_pool == 16, preset

@@ -124,6 +124,7 @@ def test_text_with_string_labels_and_users_runs_a_natural_federation(tmp_path):
         "model.hidden=4",
         "model.fc_hidden=4",
         "partition=natural",
+        "partition.server_pool=0",  # 30 rows: every one goes to the clients
         "num_clients=3",
         "clients_per_round=3",
     )
@@ -198,6 +199,7 @@ def test_the_shakespeare_preset_reads_flower_columns(tmp_path):
         f"dataset.data_dir={tmp_path / 'hf'}",
         "model.hidden=8",
         "model.fc_hidden=8",
+        "partition.server_pool=0",  # 18 rows: every one goes to the clients
         "num_clients=3",
         "clients_per_round=3",
     )

@@ -87,6 +87,7 @@ def test_no_metric_where_the_algorithm_rebuilds_no_model(tmp_path, caplog):
         tmp_path,
         "algorithm=fedhenn",
         "algorithm.variant=heterogeneous",
+        "algorithm.upload=representations",  # no weights travel
         "privacy=mia",
         "privacy.num_shadows=1",
     )
@@ -97,6 +98,45 @@ def test_no_metric_where_the_algorithm_rebuilds_no_model(tmp_path, caplog):
     assert metrics == {}
     assert "rebuilds no model" in caplog.text
     assert len(exp.store) == 0  # the target's local training left nothing behind
+
+
+def test_heterogeneous_fedhenn_shadows_start_from_their_targets_model(tmp_path, monkeypatch):
+    # upload=weights: the eavesdropper rebuilds the target's model from its upload; each shadow
+    # has the target's architecture and starts from the weights the target last uploaded
+    torch.set_num_threads(1)
+    exp = experiment(
+        tmp_path,
+        "algorithm=fedhenn",
+        "algorithm.variant=heterogeneous",
+        "privacy=mia",
+        "privacy.num_targets=2",
+        "privacy.num_shadows=2",
+        "privacy.attack_model=logistic",
+        "seed=1",  # clients 0..5 have the architectures 2 0 0 4 1 0
+    )
+    algorithm, audit, store = exp.algorithm, exp.audits[0], exp.store
+    state = algorithm.init_state()
+    ctx = RoundContext(1, tuple(range(exp.data.num_clients)), exp.cfg.seed)
+    results = exp.executor.run(algorithm, algorithm.configure_round(state, ctx), ctx, exp.data)
+    state, _ = algorithm.aggregate(state, results, ctx)
+    before = store.state_dict()
+    started = {}
+    begin = algorithm.client_begin
+
+    def record(module, client_id, payload):
+        begin(module, client_id, payload)
+        started[client_id] = (algorithm.arch_of(client_id), algorithm.client_params(client_id))
+
+    monkeypatch.setattr(algorithm, "client_begin", record)
+    metrics = audit.on_evaluate(SimpleNamespace(algorithm=algorithm, rounds=1), state, 1)
+    assert set(metrics) == set(METRICS)
+    targets = [c for c in started if c < 6]
+    assert len(targets) == 2 and len(started) == 2 + 2 * 2
+    for t, cid in enumerate(targets):
+        for sid in audit.shadow_ids(t):
+            arch, params = started[sid]
+            assert arch == algorithm.archs[cid] and torch.equal(params, before[cid])
+    assert sorted(store.state_dict()) == sorted(before)  # no shadow left behind
 
 
 def test_the_forked_rng_is_the_training_devices():

@@ -121,3 +121,12 @@ def test_concurrent_runs_of_one_key_agree(tmp_path):
         results = list(pool.map(lambda _: split(LABELS, tmp_path), range(24)))
     assert all(same(r, fresh) for r in results)
     assert len(cached_files(tmp_path)) == 1
+
+
+def test_the_server_pool_is_part_of_the_key(tmp_path):
+    # the pool is set aside before partitioning: another size is another partition
+    split(LABELS, tmp_path, params={"classes_per_client": 2, "server_pool": 0})
+    split(LABELS, tmp_path, params={"classes_per_client": 2, "server_pool": 16})
+    assert len(cached_files(tmp_path)) == 2
+    split(LABELS, tmp_path, params={"classes_per_client": 2, "server_pool": 16})
+    assert len(cached_files(tmp_path)) == 2  # the same key: a hit

@@ -82,7 +82,7 @@ def test_100k_clients_index_tables_and_report_stay_flat(tmp_path):
     ds = Dataset("synthetic", x, torch.as_tensor(labels), None, None, 10, (1,), owners)
     samples = len(labels)
     scheme = Natural(
-        2, n, test_fraction=0.2, val_fraction=0.1, allow_missing_classes=False,
+        2, n, server_pool=0, test_fraction=0.2, val_fraction=0.1, allow_missing_classes=False,
         reduce_fraction=0.0, reduce_factor=0.5,
     )  # fmt: skip
     blocks = sys.getallocatedblocks()

@@ -4,57 +4,57 @@ representations of a server-held Representation Alignment Dataset (RAD).
 Homogeneous: one architecture; the global model is FedAvg's, and each client adds
 eta(t) * d(K(Phi_i(X; W_i)), K(Phi(X; W_global(t-1)))). With eta = 0 this is FedAvg exactly.
 
-Heterogeneous: each client owns a model of its own architecture (a model family, e.g.
-model=cnn_family), drawn at creation from (seed, client id) and kept in the client store; no
-weights are averaged. The round-t clients align to K_bar(t-1) = sum_j w_j K_j / sum_j w_j over the
-round-(t-1) clients' kernels of the round-t RAD (which those clients received as a probe and
-whose representations they uploaded). Round 1 has no K_bar yet and trains without the term.
-With eta = 0 nothing is exchanged: isolated local training.
+Heterogeneous (`fedhenn_heterogeneous`): each client its own architecture; clients upload their
+weights and the server aggregates their kernels on the RAD (or, with upload=representations,
+clients upload representations). With eta = 0 it is isolated local training.
 
-The RAD is re-drawn each round as `rad_size` inputs sampled from the pooled training inputs of all
-clients (rad_source=train, the paper's choice; nothing is taken away from any client), or, as
-documented deviations, from `server_pool` samples that no client holds (rad_source=holdout) or
-from N(0, 1) noise (rad_source=noise).
+The RAD is re-drawn each round: `rad_size` inputs from the server's pool, training samples set
+aside before partitioning that no client holds (rad_source=server, the default: the paper's
+server generates the RAD; `partition.server_pool`), or, as documented options, from the
+clients' pooled raw training inputs (rad_source=train, the authors' simulation shortcut, which
+shares clients' inputs) or from N(0, 1) noise (rad_source=noise).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-import numpy as np
 import torch
+from omegaconf import OmegaConf
 from torch import nn
 
 from fedexp.algorithms.fedavg import FedAvg
 from fedexp.algorithms.fedhenn_alignment import (
     AlignmentOptions,
-    AlignmentUpload,
     AlignModule,
     AlignPayload,
+    check_server_pool,
     draw_rad,
     global_target,
     representations,
-    upload_kernel,
-    upload_of,
 )
+from fedexp.algorithms.fedhenn_heterogeneous import FedHeNNHeterogeneous
 from fedexp.core.algorithm import Algorithm, BuildContext, flat_params, load_flat
 from fedexp.core.client import ClientModule
 from fedexp.core.config import default_family as family_factory
 from fedexp.core.local import LocalTraining
-from fedexp.core.seeding import INIT, client_arch, derive_seed
-from fedexp.core.types import (
-    ClientResult,
-    ConfigError,
-    Message,
-    Nothing,
-    RoundContext,
-    ServerState,
-)
-from fedexp.data.server_pool import ServerDataRequest
+from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext, ServerState
+from fedexp.errors import with_checks
 from fedexp.models.family import family_size
 
+log = logging.getLogger(__name__)
 
+
+def _check_config(cfg) -> None:
+    """rad_source=server needs a server pool of at least rad_size (before any data is loaded)."""
+    if cfg.algorithm.rad_source == "server":
+        pool = OmegaConf.select(cfg, "partition.server_pool", default=0)
+        check_server_pool(int(cfg.algorithm.rad_size), int(pool))
+
+
+@with_checks(config=_check_config)
 def fedhenn(
     ctx: BuildContext,
     variant: str,
@@ -68,8 +68,8 @@ def fedhenn(
     rad_size: int,
     rad_source: str,
     kernel_weighting: str,
+    upload: str,
     default_family: str,
-    server_pool: int,  # reserved before the partition (`server_data`); checked via the data
     weighting: str,
     server_lr: float,
     server_momentum: float,
@@ -86,8 +86,15 @@ def fedhenn(
         int(rad_size),
         rad_source,
         kernel_weighting,
+        upload,
     )
     opts.validate(variant, ctx.data)
+    if rad_source == "train" and opts.eta0 > 0:
+        log.warning(
+            "algorithm.rad_source=train: each round's RAD is drawn from the clients' raw "
+            "training inputs and sent to every sampled client (the authors' simulation "
+            "shortcut; in the paper the server generates the RAD and clients share no data)"
+        )
     num_archs = family_size(ctx.model_factory)
     if variant == "homogeneous":
         if num_archs is not None:
@@ -102,14 +109,6 @@ def fedhenn(
         ctx = replace(ctx, model_factory=family_factory(default_family, ctx.model_args))
         num_archs = family_size(ctx.model_factory)
     return FedHeNNHeterogeneous(ctx, opts, num_archs)
-
-
-def _server_data(cfg) -> ServerDataRequest:
-    """rad_source=holdout draws the RAD from `server_pool` samples no client holds."""
-    return ServerDataRequest(size=int(cfg.algorithm.server_pool), key="algorithm.server_pool")
-
-
-fedhenn.server_data = _server_data
 
 
 class FedHeNNHomogeneous(FedAvg):
@@ -158,102 +157,3 @@ class FedHeNNHomogeneous(FedAvg):
         model = self.module.model
         load_flat(list(model.parameters()), self.store.get(client_id, state.params))
         return model
-
-
-class FedHeNNHeterogeneous(Algorithm):
-    """Personal models of different architectures; only representations and kernels travel."""
-
-    def __init__(self, ctx: BuildContext, opts: AlignmentOptions, num_archs: int):
-        super().__init__(ctx)
-        self.opts = opts
-        self.num_archs = num_archs
-        # one resident module per architecture; a client's flat weights are loaded in and out
-        self.modules = [
-            AlignModule(ctx.model_factory(arch=a).to(self.device), ctx.client, opts, True)
-            for a in range(num_archs)
-        ]
-        self.archs = [client_arch(ctx.seed, cid, num_archs) for cid in range(ctx.data.num_clients)]
-
-    # ---- client models -------------------------------------------------------------------------
-    def initial_params(self, client_id: int) -> torch.Tensor:
-        """The client's freshly initialised model, rebuilt from (seed, client id) when asked for;
-        not cached, so memory stays within the client store's budget."""
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(self.ctx.seed, INIT, client_id))
-            model = self.ctx.model_factory(arch=self.archs[client_id])
-        return flat_params(list(model.parameters())).to(self.device)
-
-    def client_params(self, client_id: int) -> torch.Tensor:
-        stored = self.store.get(client_id)
-        return stored if stored is not None else self.initial_params(client_id)
-
-    # ---- server --------------------------------------------------------------------------------
-    def init_state(self) -> ServerState:
-        return ServerState(params=None, buffers={})
-
-    def configure_round(self, state: ServerState, ctx: RoundContext) -> Mapping[int, Message]:
-        opts, data, seed = self.opts, self.ctx.data, self.ctx.seed
-        if opts.eta0 == 0:  # isolated local training: nothing to exchange
-            payload = AlignPayload(0.0)
-        else:
-            target = state.buffers.get("kernel")
-            if state.buffers.get("kernel_round") != ctx.round:
-                target = None  # only a K_bar computed on this round's RAD is usable
-            rad = draw_rad(opts, data, seed, ctx.round) if target is not None else None
-            probe = draw_rad(opts, data, seed, ctx.round + 1)
-            payload = AlignPayload(
-                opts.eta(ctx.round), rad=rad, target=target, target_sent=True, probe=probe
-            )
-        return {cid: payload for cid in ctx.client_ids}
-
-    def aggregate(
-        self, state: ServerState, results: Sequence[ClientResult], ctx: RoundContext
-    ) -> tuple[ServerState, dict[str, float]]:
-        metrics = {"fedhenn/eta": self.opts.eta(ctx.round) if self.opts.eta0 > 0 else 0.0}
-        uploads = [r for r in results if isinstance(r.upload, AlignmentUpload)]
-        if not uploads:
-            return state, metrics
-        by_samples = self.opts.kernel_weighting == "samples"
-        weights = [float(r.num_samples) if by_samples else 1.0 for r in uploads]
-        kernel_bar = sum(w * upload_kernel(r.upload, self.opts) for w, r in zip(weights, uploads))
-        buffers = dict(state.buffers)
-        buffers["kernel"] = kernel_bar / sum(weights)
-        buffers["kernel_round"] = ctx.round + 1  # computed on the probe = next round's RAD
-        return ServerState(state.params, buffers), metrics
-
-    # ---- client --------------------------------------------------------------------------------
-    def client_module(self, client_id: int) -> ClientModule:
-        return self.modules[self.archs[client_id]]
-
-    def client_begin(self, module: AlignModule, client_id: int, payload: AlignPayload) -> None:
-        load_flat(list(module.model.parameters()), self.client_params(client_id))
-        module.set_alignment(payload.eta, payload.rad, payload.target)
-
-    def client_end(
-        self, module: AlignModule, client_id: int, payload: AlignPayload, training: LocalTraining
-    ) -> Message:
-        self.store.put(client_id, flat_params(list(module.model.parameters())))
-        if payload.probe is None:
-            return Nothing()
-        return upload_of(module.model, payload.probe, self.opts)
-
-    # ---- evaluation ----------------------------------------------------------------------------
-    def personal_model(self, state: ServerState, client_id: int) -> nn.Module | None:
-        model = self.modules[self.archs[client_id]].model
-        load_flat(list(model.parameters()), self.client_params(client_id))
-        return model
-
-    def eavesdropped_model(self, payload: AlignPayload, upload: Message) -> nn.Module | None:
-        """None: the uploads are representations of a probe set; no model can be rebuilt."""
-
-    def state_is_finite(self, state: ServerState) -> bool:
-        kernel = state.buffers.get("kernel")
-        return kernel is None or bool(torch.isfinite(kernel).all())
-
-    def describe(self) -> dict[str, float]:
-        counts = np.bincount(self.archs, minlength=self.num_archs)
-        out: dict[str, float] = {}
-        for a, module in enumerate(self.modules):
-            out[f"fedhenn/arch{a}_clients"] = int(counts[a])
-            out[f"fedhenn/arch{a}_params"] = sum(p.numel() for p in module.model.parameters())
-        return out

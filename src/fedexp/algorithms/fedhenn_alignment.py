@@ -20,10 +20,12 @@ from fedexp.core.types import FLOAT_BITS, ConfigError, Message, VectorMessage
 from fedexp.metrics.cka import KERNELS, cka_distance, kernel_matrix, linear_cka, procrustes_distance
 
 RAD_STREAM = 41  # derive_seed tag of the RAD draws, apart from SAMPLING/CLIENT/INIT
-INDEX_BITS, SEED_BITS = 32, 64
+SEED_BITS = 64
 VARIANTS = ("homogeneous", "heterogeneous")
-RAD_SOURCES = ("train", "holdout", "noise")
+RAD_SOURCES = ("server", "train", "noise")
 SCHEDULES = ("constant", "linear", "sqrt", "step")
+UPLOADS = ("weights", "representations")
+POOL_KEY = "partition.server_pool"
 
 
 def _check(ok: bool, key: str, problem: str) -> None:
@@ -45,6 +47,7 @@ class AlignmentOptions:
     rad_size: int
     rad_source: str
     kernel_weighting: str
+    upload: str
 
     def validate(self, variant: str, data) -> None:
         _check(variant in VARIANTS, "variant", f"must be one of {VARIANTS}, got {variant!r}")
@@ -75,12 +78,21 @@ class AlignmentOptions:
             "kernel_weighting",
             f"must be uniform or samples, got {self.kernel_weighting!r}",
         )
+        _check(self.upload in UPLOADS, "upload", f"must be one of {UPLOADS}, got {self.upload!r}")
+        _check(
+            not (self.upload == "representations" and variant == "homogeneous"),
+            "upload",
+            "representations applies to variant=heterogeneous; homogeneous clients upload "
+            "FedAvg's weights",
+        )
         _check(
             self.rad_source in RAD_SOURCES,
             "rad_source",
             f"must be one of {RAD_SOURCES}, got {self.rad_source!r}",
         )
-        if self.rad_source == "train":
+        if self.rad_source == "server":
+            check_server_pool(self.rad_size, 0 if data.server_x is None else len(data.server_x))
+        elif self.rad_source == "train":
             pool = len(data.train_pool())
             _check(
                 pool >= self.rad_size,
@@ -88,38 +100,46 @@ class AlignmentOptions:
                 f"rad_source=train draws rad_size={self.rad_size} of the clients' {pool} "
                 "training inputs; lower rad_size",
             )
-        elif self.rad_source == "holdout":
-            pool = 0 if data.server_x is None else len(data.server_x)
-            _check(
-                pool >= self.rad_size,
-                "server_pool",
-                f"rad_source=holdout draws rad_size={self.rad_size} samples from a server pool "
-                f"of {pool}; set server_pool >= rad_size (or rad_source=noise)",
-            )
         else:
             _check(
                 data.x.is_floating_point(),
                 "rad_source",
-                "noise needs real-valued inputs; use holdout for token data",
+                "noise needs real-valued inputs; use server (or train) for token data",
             )
 
     def eta(self, round_idx: int) -> float:
-        """eta(t) = eta0 * f(t), t = 1, 2, ...: f = 1, t, sqrt(t), or gamma^floor((t-1)/every)."""
-        t = round_idx
+        """eta = eta0 * f(s) in round t = 1, 2, ..., with s = t - 1 the authors' iteration index
+        (it starts at 0): f = 1, s, sqrt(s), or gamma^floor(s / every). So `linear` and `sqrt`
+        (the authors' code) align from the second round on."""
+        s = round_idx - 1
         factor = {
             "constant": 1.0,
-            "linear": float(t),
-            "sqrt": math.sqrt(t),
-            "step": self.eta_step_gamma ** ((t - 1) // self.eta_step_every),
+            "linear": float(s),
+            "sqrt": math.sqrt(s),
+            "step": self.eta_step_gamma ** (s // self.eta_step_every),
         }[self.eta_schedule]
         return self.eta0 * factor
+
+
+def check_server_pool(rad_size: int, pool: int) -> None:
+    """rad_source=server draws each round's RAD from the server pool: it must hold rad_size."""
+    if pool == 0:
+        raise ConfigError(
+            f"{POOL_KEY}: 0, but algorithm.rad_source=server draws the RAD from the server's "
+            f"pool; set {POOL_KEY} >= rad_size={rad_size} (or algorithm.rad_source=train|noise)"
+        )
+    if pool < rad_size:
+        raise ConfigError(
+            f"{POOL_KEY}: {pool} < algorithm.rad_size={rad_size}, the RAD drawn from it each "
+            f"round; raise {POOL_KEY} or lower algorithm.rad_size"
+        )
 
 
 # ---- messages ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Rad(Message):
-    """A RAD: L instances. On the wire it is L indices into the server's published pool
-    (holdout) or the 64-bit seed that regenerates it (noise), never the inputs themselves."""
+    """A RAD: L instances. On the wire the inputs themselves (server, train: 32 bits a value)
+    or the 64-bit seed that regenerates them (noise)."""
 
     x: torch.Tensor
     bits: int
@@ -133,7 +153,8 @@ class AlignPayload(VectorMessage):
     """What a client receives in a round.
 
     weights: the global model (homogeneous). rad/target: the RAD and the alignment target on it.
-    probe: the next round's RAD, whose representations the client uploads (heterogeneous).
+    probe: the next round's RAD, whose representations the client uploads (heterogeneous with
+    upload=representations).
     `target_sent` is False where the client derives the target itself (homogeneous: from the
     global weights it receives; the server computes it once per round only to save work).
     Its `vector` is `weights` (None in the heterogeneous variant, which sends no weights).
@@ -156,6 +177,18 @@ class AlignPayload(VectorMessage):
 
 
 @dataclass(frozen=True)
+class ClientWeights(Message):
+    """A heterogeneous client's trained weights (flat) and the index of its architecture, which
+    the server knows (it runs the client's network on the RAD) and which costs nothing."""
+
+    values: torch.Tensor
+    arch: int
+
+    def num_bits(self) -> int:
+        return self.values.numel() * FLOAT_BITS
+
+
+@dataclass(frozen=True)
 class AlignmentUpload(Message):
     """A client's representations of the probe RAD (L x d), or its L x L kernel when d > L."""
 
@@ -169,11 +202,11 @@ class AlignmentUpload(Message):
 def draw_rad(opts: AlignmentOptions, data, seed: int, round_idx: int) -> Rad:
     """Round `round_idx`'s RAD, a function of (seed, round) alone.
 
-    `train` (the paper's and its authors' code): `rad_size` inputs drawn without replacement
-    from the pooled training inputs of all clients (labels unused, nobody's data removed); the
-    server sends the instances themselves. `holdout`: from a server-held pool that no client
-    trains on (clients are assumed to hold the pool: indices travel). `noise`: N(0, 1) inputs
-    from a shared seed.
+    `server` (the paper: the server generates the RAD): `rad_size` inputs drawn without
+    replacement from the server pool (`partition.server_pool`) that no client holds. `train`
+    (the authors' simulation shortcut): from the pooled training inputs of all clients (labels
+    unused), so clients' raw inputs reach the other clients. Both send the instances
+    themselves. `noise`: N(0, 1) inputs from a shared 64-bit seed.
     """
     generator = torch.Generator().manual_seed(derive_seed(seed, RAD_STREAM, round_idx))
     if opts.rad_source == "noise":
@@ -184,10 +217,11 @@ def draw_rad(opts: AlignmentOptions, data, seed: int, round_idx: int) -> Rad:
         pool = data.train_pool()
         pick = torch.randperm(len(pool), generator=generator)[: opts.rad_size]
         x = data.x[pool[pick.to(pool.device)]]
-        return Rad(x, x.numel() * FLOAT_BITS)
-    pool = data.server_x
-    pick = torch.randperm(len(pool), generator=generator)[: opts.rad_size]
-    return Rad(pool[pick.to(pool.device)], opts.rad_size * INDEX_BITS)
+    else:
+        pool = data.server_x
+        pick = torch.randperm(len(pool), generator=generator)[: opts.rad_size]
+        x = pool[pick.to(pool.device)]
+    return Rad(x, x.numel() * FLOAT_BITS)
 
 
 # ---- targets and the client term -----------------------------------------------------------------

@@ -3,18 +3,18 @@
 
 Threat model. The eavesdropper sees a round's broadcast and one client's upload, and rebuilds what
 it can from them (`Algorithm.eavesdropped_model`: FedAvg's full local model, WAFFLe's dictionary
-without the client's factor selection b). It holds its own data from the task's distribution (the
-pooled server test set, which no client trains on) and knows the protocol, so its k shadow models
-are the algorithm's own client training, run from the same broadcast on an "in" set drawn from its
-data, and rebuilt from their uploads exactly as the target will be. As in Shokri et al., the
-shadows' data follows the target's training distribution: by default (`shadow_data: target`) each
-target gets its own k shadows whose disjoint in / out sets have the label histogram of that
-client's training set (under a non-iid split a client's model is far more confident than one
-trained on the pool's label mix; shadows on the pool's mix put every target feature outside the
-range the attack was fitted on, and a tree ensemble then scores them all alike). `shadow_data:
-pool` draws one set of shadows from the pool's own mix for all targets. An attack classifier learns
-in/out from the shadows' output vectors; its membership probability is the score of each of m of
-the client's training samples (members) and m of its local test split (non-members).
+without the client's factor selection b, heterogeneous FedHeNN's uploaded weights). It holds its own
+data from the task's distribution (the pooled server test set, which no client trains on) and knows
+the protocol, so its k shadow models are the algorithm's own client training, run from the same
+broadcast on an "in" set drawn from its data, and rebuilt from their uploads exactly as the target
+will be. As in Shokri et al., the shadows' data follows the target's training distribution: by
+default (`shadow_data: target`) each target gets its own k shadows whose disjoint in / out sets have
+the label histogram of that client's training set (under a non-iid split a client's model is far
+more confident than one trained on the pool's label mix; shadows on the pool's mix put every target
+feature outside the range the attack was fitted on, and a tree ensemble then scores them all alike).
+`shadow_data: pool` draws one set of shadows from the pool's own mix for all targets. An attack
+classifier learns in/out from the shadows' output vectors; its membership probability is the score
+of each of m of the client's training samples (members) and m of its local test split (non-members).
 
 Metrics (`fedexp.metrics.membership`), each the mean over the audited targets:
   `privacy/mia_acc`: accuracy of "member iff score > 0.5" on the balanced set (0.5 = chance).
@@ -30,8 +30,12 @@ and shadows) and torch's global RNG (CPU and the training device) are restored a
 audit never changes the run it observes; only those entries are read, so a spilling store keeps
 its memory budget.
 
+Where a client starts its local training from more than the broadcast (heterogeneous FedHeNN:
+its own architecture and weights), `Algorithm.prepare_shadow` gives each shadow its target's
+starting point as the eavesdropper knows it (the target's last upload) before anything trains.
+
 Where `eavesdropped_model` returns None (nothing to rebuild from an upload, e.g. FedHeNN
-heterogeneous, whose clients upload representations), the audit logs it and reports no metric.
+heterogeneous with upload=representations), the audit logs it and reports no metric.
 """
 
 from __future__ import annotations
@@ -206,6 +210,13 @@ class MembershipInferenceAudit:
         ctx = RoundContext(round_idx + 1, (*targets, *shadows), self.ctx.seed)
         algorithm.broadcast_stats(state)  # as the round loop does before configure_round
         payloads = algorithm.configure_round(state, ctx)
+        # each shadow starts where its target does (before the targets train below)
+        mimics: dict[int, int] = {}
+        for t, cid in enumerate(targets):
+            for sid in self.shadow_ids(t):
+                mimics.setdefault(sid, cid)  # shadow_data=pool: the first target's
+        for sid, cid in mimics.items():
+            algorithm.prepare_shadow(sid, cid)
         # targets first: a None rebuild ends the audit before any shadow trains
         target_features = []
         for t, cid in enumerate(targets):

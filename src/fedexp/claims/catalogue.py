@@ -67,7 +67,8 @@ class Claim:
 
 # digits (1,797 8x8 images), 20 clients of 2-class shards, 10 a round, MLP 200-200, SGD lr 0.05
 SHARDS = ("rounds=20", "client.local_epochs=5")
-# docs/waffle.md's odd/even digits: 15 majority : 3 minority clients of 42 samples
+# docs/waffle.md's odd/even digits: 15 majority : 3 minority clients of 36 samples (42 there,
+# measured without the server pool)
 MULTIMODAL = (
     "partition=multimodal",
     "num_clients=18",
@@ -78,7 +79,7 @@ MULTIMODAL = (
     "client.batch_size=10",
     "client.lr=0.02",
 )
-# iid digits, 10 clients of ~115 training images, many local epochs (an attack needs overfitting)
+# iid digits, 10 clients of ~87 training images, many local epochs (an attack needs overfitting)
 MIA_BASE = (
     "partition=iid",
     "privacy=mia",

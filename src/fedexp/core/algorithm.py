@@ -141,6 +141,13 @@ class Algorithm:
         The returned module may be reused by the next call: use it before calling again."""
         return None
 
+    def prepare_shadow(self, shadow_id: int, client_id: int) -> None:
+        """Before the membership-inference audit trains `shadow_id` (an id outside the
+        federation) as a shadow of client `client_id`: give it what that client starts its local
+        training from beyond the broadcast, as far as an eavesdropper knows it (heterogeneous
+        FedHeNN: the client's architecture and last uploaded weights). Nothing by default: a
+        client starts from the broadcast alone."""
+
     def on_resume(self, state: ServerState) -> None:
         """After a resume, rebuild caches that depend on the restored `state` (none by default).
 

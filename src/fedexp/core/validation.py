@@ -137,6 +137,7 @@ SCALARS: dict[str, tuple[Any, tuple[str, float] | None]] = {
     "client.lr": (float, (">", 0)),
     "client.momentum": (float, (">=", 0)),
     "client.weight_decay": (float, (">=", 0)),
+    "partition.server_pool": (int, (">=", 0)),
     "partition.test_fraction": (float, (">=", 0)),
     "partition.classes_per_client": (int, (">=", 1)),
 }

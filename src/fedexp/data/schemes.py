@@ -1,7 +1,9 @@
 """Partition schemes as components: the `_target_` of every `conf/partition/*.yaml`.
 
-A scheme holds its own options and the local split shared by all schemes (`test_fraction`,
-`val_fraction`, `allow_missing_classes`, and for most `reduce_fraction` / `reduce_factor`).
+A scheme holds its own options and the data protocol shared by all schemes (`server_pool`,
+`test_fraction`, `val_fraction`, `allow_missing_classes`, and for most `reduce_fraction` /
+`reduce_factor`). The server pool is set aside by `fedexp.run.build_data` before the scheme is
+called; the scheme keeps its size in the cache key.
 Calling it partitions a training pool: the scheme's assignment (`fedexp.data.partition`), each
 client's local train/validation/test split, the optional data reduction, and the on-disk cache
 (keyed by the scheme's `name` and options, so a cached partition is reused across runs).
@@ -28,6 +30,8 @@ class Scheme:
 
     Args:
         options: the scheme's own options, passed to its assignment function (and cache key).
+        server_pool: training samples set aside for the server before partitioning (the pool
+            this scheme partitions is what remains).
         test_fraction: each client's local test split.
         val_fraction: each client's local validation split.
         allow_missing_classes: whether pooled test classes no client holds are allowed.
@@ -44,6 +48,7 @@ class Scheme:
         options: dict[str, Any],
         /,
         *,
+        server_pool: int,
         test_fraction: float,
         val_fraction: float,
         allow_missing_classes: bool,
@@ -51,6 +56,7 @@ class Scheme:
         reduce_factor: float,
     ):
         self.options = options
+        self.server_pool = server_pool
         self.test_fraction = test_fraction
         self.val_fraction = val_fraction
         self.allow_missing_classes = bool(allow_missing_classes)
@@ -107,6 +113,7 @@ class Scheme:
             params=params,
             num_clients=num_clients,
             seed=seed,
+            server_pool=self.server_pool,
             test_fraction=self.test_fraction,
             val_fraction=self.val_fraction,
             n=len(labels),
@@ -201,6 +208,7 @@ class Multimodal(Scheme):
         majority_classes: list[int] | None,
         minority_classes: list[int] | None,
         samples_per_client: int | None,
+        server_pool: int,
         test_fraction: float,
         val_fraction: float,
         allow_missing_classes: bool,
@@ -214,6 +222,7 @@ class Multimodal(Scheme):
         )
         super().__init__(
             options,
+            server_pool=server_pool,
             test_fraction=test_fraction,
             val_fraction=val_fraction,
             allow_missing_classes=allow_missing_classes,
