@@ -41,7 +41,6 @@ from fedexp.core.user_module import factory_arguments
 from fedexp.core.validation import (
     NO_OBJECTIVE,
     check_objective_name,
-    target,
     validate_config,
     validate_data,
 )
