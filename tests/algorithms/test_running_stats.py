@@ -10,6 +10,7 @@ from fedexp.algorithms.ditto import Ditto
 from fedexp.algorithms.dp_fedavg import DPFedAvg
 from fedexp.algorithms.fedavg import FedAvg
 from fedexp.algorithms.fedbn import FedBN
+from fedexp.algorithms.fedhenn import fedhenn
 from fedexp.algorithms.fedopt import FedOpt
 from fedexp.algorithms.fedprox import FedProx
 from fedexp.algorithms.fedrep import FedRep
@@ -32,6 +33,7 @@ FedOpt = with_yaml(FedOpt, "algorithm", "fedopt")
 FedBN = with_yaml(FedBN, "algorithm", "fedbn")
 FedRep = with_yaml(FedRep, "algorithm", "fedrep")
 Ditto = with_yaml(Ditto, "algorithm", "ditto")
+fedhenn = with_yaml(fedhenn, "algorithm", "fedhenn")
 DPFedAvg = with_yaml(DPFedAvg, "algorithm", "dp_fedavg")
 
 
@@ -145,7 +147,11 @@ def test_fedrep_shares_the_body_statistics_and_evaluates_with_them():
     torch.testing.assert_close(bn.running_mean, new.buffers["stats"][:3])
 
 
-@pytest.mark.parametrize("cls", [Local, Ditto])
+def fedhenn_eta0(ctx):
+    return fedhenn(ctx, eta0=0.0, rad_source="noise")
+
+
+@pytest.mark.parametrize("cls", [Local, Ditto, fedhenn_eta0])
 def test_personal_models_keep_their_own_statistics(cls):
     data = unequal_pairs()
     algo = cls(make_ctx(data, factory=bn_mlp, batch_size=4))

@@ -36,10 +36,11 @@ from fedexp.algorithms.fedhenn_alignment import (
     representations,
 )
 from fedexp.algorithms.fedhenn_heterogeneous import FedHeNNHeterogeneous
-from fedexp.core.algorithm import Algorithm, BuildContext, flat_params, load_flat
+from fedexp.core.algorithm import Algorithm, BuildContext, load_flat
 from fedexp.core.client import ClientModule
 from fedexp.core.config import default_family as family_factory
 from fedexp.core.local import LocalTraining
+from fedexp.core.running_stats import load_model_state, model_state
 from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext, ServerState
 from fedexp.errors import with_checks
 from fedexp.models.family import family_size
@@ -143,7 +144,7 @@ class FedHeNNHomogeneous(FedAvg):
         self, module: AlignModule, client_id: int, payload: AlignPayload, training: LocalTraining
     ) -> Message:
         # the client keeps its local model: the personal metrics evaluate it
-        self.store.put(client_id, flat_params(list(module.model.parameters())))
+        self.store.put(client_id, model_state(module.model))  # with its running statistics
         return super().client_end(module, client_id, payload, training)
 
     def aggregate(
@@ -155,5 +156,10 @@ class FedHeNNHomogeneous(FedAvg):
     def personal_model(self, state: ServerState, client_id: int) -> nn.Module | None:
         # a client never sampled has no local model yet: it would start from the global one
         model = self.module.model
-        load_flat(list(model.parameters()), self.store.get(client_id, state.params))
+        stored = self.store.get(client_id)
+        if stored is None:
+            load_flat(self.shared(model), state.params)
+            self.load_stats(model, state.buffers.get("stats"))
+        else:
+            load_model_state(model, stored)
         return model
