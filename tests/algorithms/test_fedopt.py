@@ -73,17 +73,24 @@ def test_init_state_starts_v_at_tau_squared_and_m_at_zero(two_clients):
     assert torch.equal(state.buffers["v"], torch.full_like(state.params, 0.25))
 
 
-def test_pseudo_gradient_is_the_weighted_mean_of_client_deltas(two_clients):
-    # delta = (1*[1, 0] + 3*[3, 2]) / 4 = [2.5, 1.5]; adam with beta1 = beta2 = 0, tau = 1:
-    # m = delta, v = delta^2, step = delta / (|delta| + 1) = [2.5/3.5, 1.5/2.5]
-    algo = FedOpt(make_ctx(two_clients), beta1=0.0, beta2=0.0, tau=1.0, server_lr=1.0)
+def test_pseudo_gradient_is_algorithm_2s_plain_mean_and_by_option_the_weighted_one(two_clients):
+    # clients of 1 and 3 samples; adam with beta1 = beta2 = 0, tau = 1: m = delta,
+    # v = delta^2, step = delta / (|delta| + 1)
+    # uniform (default): delta = ([1, 0] + [3, 2]) / 2 = [2, 1]       -> step [2/3, 1/2]
+    # samples:           delta = (1*[1, 0] + 3*[3, 2]) / 4 = [2.5, 1.5] -> [2.5/3.5, 1.5/2.5]
     state = ServerState(T([0.0, 0.0]), {"m": torch.zeros(2), "v": torch.ones(2)})
     results = [
         ClientResult(0, 1, Weights(T([1.0, 0.0])), 0.0, 1),
         ClientResult(1, 3, Weights(T([3.0, 2.0])), 0.0, 1),
     ]
-    new, _ = algo.aggregate(state, results, RoundContext(1, (0, 1), 0))
-    assert torch.allclose(new.params, T([2.5 / 3.5, 1.5 / 2.5]), atol=1e-7)
+    hand = {"uniform": T([2 / 3, 1 / 2]), "samples": T([2.5 / 3.5, 1.5 / 2.5])}
+    for weighting in (None, "samples"):
+        options = dict(beta1=0.0, beta2=0.0, tau=1.0, server_lr=1.0)
+        if weighting:
+            options["weighting"] = weighting
+        algo = FedOpt(make_ctx(two_clients), **options)
+        new, _ = algo.aggregate(state, results, RoundContext(1, (0, 1), 0))
+        assert torch.allclose(new.params, hand[weighting or "uniform"], atol=1e-7)
     assert torch.equal(state.buffers["m"], torch.zeros(2))  # the input state is untouched
 
 

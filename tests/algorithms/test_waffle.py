@@ -17,7 +17,7 @@ from fedexp.core.algorithm import BuildContext, flat_params
 from fedexp.core.client_store import ClientStore
 from fedexp.core.executors import SequentialExecutor
 from fedexp.core.local import ClientConfig
-from fedexp.core.types import ConfigError, RoundContext, Weights
+from fedexp.core.types import ClientResult, ConfigError, RoundContext, ServerState, Weights
 from fedexp.data.datasets import Dataset
 from fedexp.data.federated import FederatedData
 from fedexp.data.partition import Partition
@@ -78,12 +78,33 @@ def test_upload_is_the_dictionary_change_only():
     assert payloads[0].num_bits() == 32 * dictionary + 32  # + the round's temperature
 
 
-def test_server_averages_the_uploads():
-    algo = WAFFLe(make_ctx(), num_factors=4)
+def test_server_takes_the_papers_simple_average_on_hand_numbers():
+    # clients of 1 and 3 samples: w + ([1, 0] + [3, 2]) / 2 = [1, 2] + [2, 1] = [3, 3];
+    # weighting=samples: [1, 2] + (1*[1, 0] + 3*[3, 2]) / 4 = [1, 2] + [2.5, 1.5] = [3.5, 3.5]
+    state = ServerState(params=torch.tensor([1.0, 2.0]))
+    results = [
+        ClientResult(0, 1, Weights(torch.tensor([1.0, 0.0])), 0.0, 1),
+        ClientResult(1, 3, Weights(torch.tensor([3.0, 2.0])), 0.0, 1),
+    ]
+    ctx = RoundContext(1, (0, 1), 0)
+    simple = WAFFLe(make_ctx(), num_factors=4).aggregate(state, results, ctx)[0]
+    weighted = WAFFLe(make_ctx(), num_factors=4, weighting="samples").aggregate(state, results, ctx)
+    assert torch.equal(simple.params, torch.tensor([3.0, 3.0]))
+    assert torch.equal(weighted[0].params, torch.tensor([3.5, 3.5]))
+
+
+def test_server_averages_the_uploads_of_unequal_clients_equally():
+    full = tiny_federation(num_clients=2, per_client=30)
+    sizes = [8, 24]  # the clients' training samples: client 0 keeps the first 8 of its 24
+    train = [np.arange(8), np.arange(30, 54)]
+    test = [np.arange(24, 30), np.arange(54, 60)]
+    data = FederatedData(full.dataset, Partition(train, test), torch.device("cpu"))
+    algo = WAFFLe(make_ctx(data), num_factors=4)
     state = algo.init_state()
     _, results, ctx = one_round(algo, state)
+    assert [r.num_samples for r in results] == sizes
     new, _ = algo.aggregate(state, results, ctx)
-    mean = (results[0].upload.values * 24 + results[1].upload.values * 24) / 48
+    mean = (results[0].upload.values + results[1].upload.values) / 2
     assert torch.allclose(new.params, state.params + mean, atol=1e-6)
 
 

@@ -30,6 +30,7 @@ BAD_CONFIGS: list[tuple[tuple[str, ...], str]] = [
     (("clients_per_round=50",), "clients_per_round: must be in [1, num_clients=6]"),
     (("client.lr=-1",), "client.lr: must be > 0"),
     (("algorithm=fedprox", "algorithm.mu=-1"), "algorithm.mu: must be >= 0"),
+    (("algorithm=fedrep", "algorithm.body_epochs=2"), "algorithm.body_epochs: must be <= client"),
     (("algorithm._target_=fedexp.algorithms.nope.Nope",), "algorithm._target_: cannot import"),
     (("checkpoint_every=-1",), "checkpoint_every: must be an integer >= 0"),
     (("objective=accuracy",), "objective: 'accuracy' is not a metric"),

@@ -11,6 +11,9 @@ does (`client.local_epochs`) and upload the delta w_k^t - w^t; (ii) update v_k b
 h_k(v_k; w^t), v_k <- v_k - eta (grad F_k(v_k) + lam (v_k - w^t)), anchored to the round's
 received global model w^t (not to w_k^t), for `personal_epochs` passes over the data. The server
 aggregates as FedAvg (`weighting`, `server_lr`, `server_momentum`, any aggregator).
+`personal_epochs: auto` is `client.local_epochs`: w_k and v_k get E epochs each a round, as in
+the authors' code (litian96/ditto: every step on v_k is paired with one on w_k) and in
+lgcollins/FedRep's Ditto (`local_ep` epochs for each); an integer overrides.
 
 Both updates are phases of one client module that holds the global copy (`model`) and the
 personal model (`personal`): phase `global` trains the first with the task loss, phase
@@ -23,6 +26,8 @@ global metrics from w.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 import torch
 from torch import nn
@@ -76,11 +81,17 @@ class DittoModule(ClientModule):
 class Ditto(FedAvg):
     """FedAvg's global model plus a personal model per client (client store)."""
 
-    def __init__(self, ctx: BuildContext, lam: float, personal_epochs: int, **kwargs):
+    def __init__(
+        self, ctx: BuildContext, lam: float, personal_epochs: int | Literal["auto"], **kwargs
+    ):
         if isinstance(lam, bool) or not isinstance(lam, (int, float)) or lam < 0:
             raise ConfigError(f"algorithm.lam: must be a number >= 0, got {lam!r}")
+        if personal_epochs == "auto":
+            personal_epochs = ctx.client.local_epochs
         if isinstance(personal_epochs, bool) or not isinstance(personal_epochs, int):
-            raise ConfigError(f"algorithm.personal_epochs: must be int, got {personal_epochs!r}")
+            raise ConfigError(
+                f"algorithm.personal_epochs: must be int or auto, got {personal_epochs!r}"
+            )
         if personal_epochs < 1:
             raise ConfigError(f"algorithm.personal_epochs: must be >= 1, got {personal_epochs}")
         if ctx.client.optimizer == "module":

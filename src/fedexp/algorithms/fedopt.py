@@ -2,7 +2,9 @@
 
 "Adaptive Federated Optimization". Clients train as in FedAvg and upload their deltas; the
 server treats the aggregated delta Delta_t (the injected aggregator over the uploads, weighted
-by `weighting`) as a pseudo-gradient and applies an adaptive optimizer to it (Algorithm 2):
+by `weighting`: `uniform`, the default, is Algorithm 2's plain mean Delta_t = (1/|S|) sum_i
+Delta_i; `samples` weights client i by n_i / n) as a pseudo-gradient and applies an adaptive
+optimizer to it (Algorithm 2):
 
     m_t = beta1 * m_{t-1} + (1 - beta1) * Delta_t
     v_t = v_{t-1} + Delta_t^2                                           (FedAdagrad)
@@ -61,7 +63,7 @@ class FedOpt(FedAvg):
 
     Args:
         ctx: what the algorithm is built from.
-        weighting: `samples` (n_k / n) or `uniform` weights of the client deltas.
+        weighting: `uniform` (Algorithm 2's mean) or `samples` (n_k / n) weights of the deltas.
         server_optimizer: `adagrad`, `adam` or `yogi`.
         server_lr: the server learning rate eta.
         tau: the adaptivity tau (> 0); v starts at tau^2.

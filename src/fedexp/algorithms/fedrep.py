@@ -1,12 +1,18 @@
-"""FedRep (Collins et al., 2021): shared body, personal heads.
+"""FedRep (Collins et al., ICML 2021): shared body, personal heads.
 
 Each round a client trains its own head for `head_epochs` with the body frozen, then the body for
-`body_epochs` with the head frozen. Only the body travels; heads live in the client store. A client
+`body_epochs` with the head frozen. As in the authors' code (lgcollins/FedRep: `local_ep` epochs
+in all, the first `local_ep - local_rep_ep` for the head), `head_epochs: auto` is
+`client.local_epochs - body_epochs`, so a round costs E epochs like every other method's; with
+`body_epochs` = E the head gets none (body only, as there), and `body_epochs` > E is refused. An
+integer `head_epochs` overrides. Only the body travels; heads live in the client store. A client
 never sampled uses the initial head. There is no global model (no global head), so only personal
 metrics are reported.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 import torch
 from torch import nn
@@ -32,19 +38,45 @@ class RepModule(ClientModule):
         self.body_epochs = body_epochs
 
     def phases(self) -> list[Phase]:
-        return [
+        phases = [
             Phase("head", self.head_epochs, tuple(self.model.head.parameters())),
             Phase("body", self.body_epochs, tuple(self.model.body.parameters())),
         ]
+        return [phase for phase in phases if phase.epochs > 0]
+
+
+def phase_epochs(head_epochs: int | str, body_epochs: int, local_epochs: int) -> tuple[int, int]:
+    """(head, body) epochs of a round; `head_epochs: auto` fills `client.local_epochs` (E)."""
+    for key, value in (("head_epochs", head_epochs), ("body_epochs", body_epochs)):
+        if value == "auto" and key == "head_epochs":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            kinds = "auto or an int >= 0" if key == "head_epochs" else "an int >= 0"
+            raise ConfigError(f"algorithm.{key}: must be {kinds}, got {value!r}")
+    if head_epochs == "auto":
+        if body_epochs > local_epochs:
+            raise ConfigError(
+                f"algorithm.body_epochs: must be <= client.local_epochs ({local_epochs}) with "
+                f"head_epochs: auto (the head trains the rest of the E epochs), got {body_epochs}"
+            )
+        head_epochs = local_epochs - body_epochs
+    if head_epochs + body_epochs == 0:
+        raise ConfigError("algorithm.head_epochs/body_epochs: not both 0")
+    return head_epochs, body_epochs
 
 
 class FedRep(FedAvg):
     has_global_model = False  # the global body has no head: personal metrics only
 
-    def __init__(self, ctx: BuildContext, head_epochs: int, body_epochs: int, **kwargs):
-        if head_epochs < 0 or body_epochs < 0 or head_epochs + body_epochs == 0:
-            raise ConfigError("algorithm.head_epochs/body_epochs: must be >= 0, not both 0")
-        self.head_epochs, self.body_epochs = head_epochs, body_epochs
+    def __init__(
+        self,
+        ctx: BuildContext,
+        head_epochs: int | Literal["auto"],
+        body_epochs: int,
+        **kwargs,
+    ):
+        epochs = phase_epochs(head_epochs, body_epochs, ctx.client.local_epochs)
+        self.head_epochs, self.body_epochs = epochs
         super().__init__(ctx, **kwargs)
 
     def make_module(self, model: nn.Module) -> ClientModule:

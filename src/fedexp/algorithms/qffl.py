@@ -12,8 +12,11 @@ w_bar_k - w together with F_k. The server computes (Algorithm 2, with L the Lips
 
 As in the authors' reference code (fair_flearn, qffedavg.py) L = 1 / client.lr and F_k is offset
 by 1e-10 before the powers. With q = 0, h_k = L and the update is w <- mean_k w_bar_k: FedAvg
-with uniform weights. The clients of a round are sampled uniformly (the paper samples with
-probability n_k / n and weights uniformly, the same objective in expectation).
+with uniform weights. The clients of a round are sampled uniformly and their terms are not
+weighted by size, so the objective solved is q-FFL with p_k = 1/N (every client counts the same).
+The paper's p_k = n_k / n (clients sampled with probability n_k / n, their terms summed
+unweighted: the reference code's `sampling=2`) is the same objective only when every client
+holds the same number of training samples.
 """
 
 from __future__ import annotations

@@ -10,7 +10,9 @@ client trains {W_a, W_b, r, biases} and its {π̃, c, d} on the negative ELBO pe
     mean CE(y, f(x; W_a, W_b, r, b)) + kl_weight · [Σ KL(Kuma ‖ Beta) + E_q Σ KL(Bern ‖ Bern)] / n_i
 
 (n_i: the client's training-set size; kl_weight = 1 is the exact ELBO / n_i) and uploads the
-change of {W_a, W_b, r, biases} only; the server averages them as FedAvg does.
+change of {W_a, W_b, r, biases} only; the server averages them with FedAvg's server step, by
+default as the paper's "simple averaging step" (`weighting: uniform`, 1/|S| each; `samples`
+weights by n_i, the same on equal-sized clients).
 
 Evaluation: a client that has trained uses the global dictionary with b from its own posterior
 (`eval_mask`: threshold = 1[π̃ >= 1/2], or mean = π̃). A client never sampled uses, as in the
