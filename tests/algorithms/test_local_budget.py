@@ -119,3 +119,15 @@ def test_ditto_auto_personal_model_equals_an_explicit_E():
     for algo in (auto, explicit):
         phases_of_one_round(algo)
     assert torch.equal(auto.store.get(0), explicit.store.get(0))  # the personal models
+
+
+def test_fedrep_with_no_head_epoch_left_says_so(caplog):
+    from fedexp.algorithms.fedrep import phase_epochs
+
+    with caplog.at_level("WARNING", logger="fedexp.algorithms.fedrep"):
+        assert phase_epochs("auto", 1, 1) == (0, 1)
+    assert "leaves the heads no epoch" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="fedexp.algorithms.fedrep"):
+        assert phase_epochs("auto", 1, 5) == (4, 1)
+    assert caplog.text == ""

@@ -12,6 +12,7 @@ metrics are reported.
 
 from __future__ import annotations
 
+import logging
 from typing import Literal
 
 import torch
@@ -29,6 +30,8 @@ from fedexp.core.client import ClientModule, Phase
 from fedexp.core.local import ClientConfig, LocalTraining
 from fedexp.core.types import ConfigError, Message, ServerState
 from fedexp.core.user_module import check_head_body
+
+log = logging.getLogger(__name__)
 
 
 class RepModule(ClientModule):
@@ -60,6 +63,15 @@ def phase_epochs(head_epochs: int | str, body_epochs: int, local_epochs: int) ->
                 f"head_epochs: auto (the head trains the rest of the E epochs), got {body_epochs}"
             )
         head_epochs = local_epochs - body_epochs
+        if head_epochs == 0:  # the authors' rule, but rarely what a run means: say so
+            log.warning(
+                "FedRep: client.local_epochs=%d with body_epochs=%d leaves the heads no epoch "
+                "(head_epochs: auto = E - body_epochs = 0): every client keeps its initial head; "
+                "set client.local_epochs >= %d or algorithm.head_epochs",
+                local_epochs,
+                body_epochs,
+                body_epochs + 1,
+            )
     if head_epochs + body_epochs == 0:
         raise ConfigError("algorithm.head_epochs/body_epochs: not both 0")
     return head_epochs, body_epochs
