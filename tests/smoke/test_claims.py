@@ -147,6 +147,7 @@ def test_update_doc_replaces_only_the_marked_section(tmp_path):
     assert doc.read_text() == f"intro\n{BEGIN}\nnew table\n{END}\noutro\n"
 
 
+@pytest.mark.slow  # three CLI processes (~50 s); make test-full
 def test_cheapest_claim_end_to_end(tmp_path):
     out = tmp_path / "claims"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO / "src"))

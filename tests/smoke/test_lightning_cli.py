@@ -34,6 +34,7 @@ def without_time(row: dict) -> dict:
     return {k: v for k, v in row.items() if not k.startswith("time/")}
 
 
+@pytest.mark.slow  # 35-40 s of CLI runs; make test-full
 def test_docs_module_under_fedavg_and_fedprox(mnist_cli):
     lit = "model._target_=lightning_docs_model.LitModel"
     mnist_cli("avg", lit, "algorithm=fedavg")

@@ -18,6 +18,7 @@ from conftest import summaries
 SMALL = ("debug=smoke", "num_clients=10", "clients_per_round=5", "logger={}", "model.hidden=[16]")
 
 
+@pytest.mark.slow  # three CLI runs; the units cover each algorithm; make test-full
 def test_frl_signsgd_topk(cli):
     cli(*SMALL, "algorithm=frl,signsgd,topk", multirun=True)
     runs = summaries(cli.cwd)
