@@ -28,6 +28,12 @@ def small_mlp(input_shape=(2,), num_classes=2):
     return BodyHead(nn.Sequential(nn.Flatten(), nn.Linear(2, 4), nn.Tanh()), nn.Linear(4, 2))
 
 
+def bn_mlp(input_shape=(2,), num_classes=2):
+    """2 -> 3 (BatchNorm, ReLU) -> 2: 23 parameters, 3 + 3 + 1 running statistics."""
+    body = nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3), nn.ReLU())
+    return BodyHead(body, nn.Linear(3, 2))
+
+
 # what `client_end` is told when a test calls it without local training
 UNTRAINED = LocalTraining(steps=0, samples=0, mean_loss=torch.zeros(()))
 

@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
 from components import with_yaml
 from conftest import main_in_process
@@ -15,17 +14,10 @@ from fedexp.core.vectorized import VectorizedExecutor
 from fedexp.data.datasets import Dataset
 from fedexp.data.federated import FederatedData
 from fedexp.data.partition import Partition
-from fedexp.models.mlp import BodyHead
-from handworld import make_ctx, small_mlp
+from handworld import bn_mlp, make_ctx, small_mlp
 
 FedAvg = with_yaml(FedAvg, "algorithm", "fedavg")
 FedBN = with_yaml(FedBN, "algorithm", "fedbn")
-
-
-def bn_mlp(input_shape=(2,), num_classes=2):
-    """2 -> 3 (BatchNorm, ReLU) -> 2."""
-    body = nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3), nn.ReLU())
-    return BodyHead(body, nn.Linear(3, 2))
 
 
 def two_pairs():

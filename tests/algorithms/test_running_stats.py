@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
 from components import with_yaml
 from fedexp.algorithms.ditto import Ditto
@@ -23,8 +22,7 @@ from fedexp.core.types import ConfigError, RoundContext
 from fedexp.data.datasets import Dataset
 from fedexp.data.federated import FederatedData
 from fedexp.data.partition import Partition
-from fedexp.models.mlp import BodyHead
-from handworld import make_ctx
+from handworld import bn_mlp, make_ctx
 
 FedAvg = with_yaml(FedAvg, "algorithm", "fedavg")
 FedProx = with_yaml(FedProx, "algorithm", "fedprox")
@@ -35,12 +33,6 @@ FedRep = with_yaml(FedRep, "algorithm", "fedrep")
 Ditto = with_yaml(Ditto, "algorithm", "ditto")
 fedhenn = with_yaml(fedhenn, "algorithm", "fedhenn")
 DPFedAvg = with_yaml(DPFedAvg, "algorithm", "dp_fedavg")
-
-
-def bn_mlp(input_shape=(2,), num_classes=2):
-    """2 -> 3 (BatchNorm, ReLU) -> 2: 23 parameters, 3 + 3 + 1 running statistics."""
-    body = nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3), nn.ReLU())
-    return BodyHead(body, nn.Linear(3, 2))
 
 
 def unequal_pairs():
