@@ -35,7 +35,7 @@ smoke: install  ## tiny end-to-end runs through the CLI only
 bench: install  ## fedexp vs a plain PyTorch loop on a fixed FedAvg workload
 	$(BIN)/python scripts/bench.py
 
-claims: install  ## the papers' claims on small data, 3 seeds (~20 min); rewrites docs/CLAIMS.md's table
+claims: install  ## the papers' claims on small data, 3 seeds (~15 min); rewrites docs/CLAIMS.md's table
 	OMP_NUM_THREADS=1 $(BIN)/python -m fedexp.claims --jobs $(CLAIMS_JOBS) --update-doc docs/CLAIMS.md
 
 lint: install  ## ruff lint and format check; the package's import layers (import-linter)
