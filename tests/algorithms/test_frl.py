@@ -7,8 +7,10 @@ from functools import partial
 import torch
 
 from components import with_yaml
+from fedexp.aggregators.mean import weighted_mean
 from fedexp.aggregators.rank_vote import rank_vote
 from fedexp.algorithms.frl import FRL
+from fedexp.algorithms.supermask_fedavg import SupermaskFedAvg
 from fedexp.core.algorithm import BuildContext
 from fedexp.core.client_store import ClientStore
 from fedexp.core.executors import SequentialExecutor
@@ -16,7 +18,7 @@ from fedexp.core.local import ClientConfig
 from fedexp.core.messages import Ranking
 from fedexp.core.types import ClientResult, RoundContext
 from fedexp.models.mlp import mlp
-from fedexp.models.supermask import edge_mask, supermask_layers
+from fedexp.models.supermask import edge_mask, num_kept, supermask_layers
 from handworld import UNTRAINED
 
 FRL = with_yaml(FRL, "algorithm", "frl")
@@ -142,3 +144,53 @@ def test_eavesdropper_rebuilds_the_clients_own_network_from_seed_and_ranking():
     rebuilt = make_frl().eavesdropped_model(payloads[0], result.upload)  # from the seed alone
     assert torch.equal(rebuilt(x), client_out)
     assert not torch.equal(frl.global_model(state)(x), client_out)  # training moved the mask
+
+
+# ---- supermask_fedavg: FedAvg over FRL's scores, the rank vote's ablation ---------------------
+SupermaskFedAvg = with_yaml(SupermaskFedAvg, "algorithm", "supermask_fedavg")
+
+
+def make_smf(seed: int = 0) -> SupermaskFedAvg:
+    ctx = BuildContext(
+        model_factory=partial(mlp, input_shape=(4,), num_classes=3, hidden=(6,)),
+        client=CLIENT,
+        aggregator=partial(weighted_mean),
+        data=None,
+        device=torch.device("cpu"),
+        seed=seed,
+        store=ClientStore(),
+    )
+    return SupermaskFedAvg(ctx)
+
+
+def test_supermask_fedavg_trains_frls_network_as_frl_and_averages_the_scores():
+    frl, smf = make_frl(), make_smf()
+    frl_state, smf_state = frl.init_state(), smf.init_state()
+    # the same seeded network: frozen weights and initial scores, in every copy
+    for model in (smf.module.model, smf.eval_model):
+        for a, b in zip(supermask_layers(frl.eval_model), supermask_layers(model)):
+            assert torch.equal(a.weight, b.weight) and torch.equal(a.scores, b.scores)
+    ctx = RoundContext(1, (0, 1), 0)
+    frl_results = SequentialExecutor().run(
+        frl, frl.configure_round(frl_state, ctx), ctx, TinyData()
+    )
+    smf_results = SequentialExecutor().run(
+        smf, smf.configure_round(smf_state, ctx), ctx, TinyData()
+    )
+    # identical client training: FRL's upload is the ranking of the very scores FedAvg's client
+    # uploads (as a delta from the global scores)
+    sizes = [m.weight.numel() for m in supermask_layers(smf.eval_model)]
+    trained = []
+    for f, s in zip(frl_results, smf_results):
+        scores = (smf_state.params + s.upload.vector).split(sizes)
+        trained.append(scores)
+        for rank, score in zip(f.upload.layers, scores):
+            assert torch.equal(rank, torch.argsort(score.abs(), stable=True))
+    # the server: the plain mean of the two clients' scores (uniform weighting)
+    new_state, _ = smf.aggregate(smf_state, smf_results, ctx)
+    expected = torch.cat([(a + b) / 2 for a, b in zip(*trained)])
+    torch.testing.assert_close(new_state.params, expected, rtol=0, atol=1e-6)
+    model = smf.global_model(new_state)
+    for layer, score in zip(supermask_layers(model), new_state.params.split(sizes)):
+        assert torch.equal(layer.scores.detach().reshape(-1), score)
+        assert int(edge_mask(layer.scores, layer.k).sum()) == num_kept(score.numel(), layer.k)
