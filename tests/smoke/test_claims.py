@@ -16,7 +16,8 @@ import pytest
 from conftest import REPO
 from fedexp.claims.__main__ import main, select
 from fedexp.claims.catalogue import CLAIMS, SETTINGS, Term, settings_of
-from fedexp.claims.table import BEGIN, END, row, update_doc
+from fedexp.claims.table import BEGIN, END, markers, row, update_doc
+from fedexp.claims.tiers import TIERS, tier
 from fedexp.claims.verdict import Measured, evaluate, judge, measure, sample_std
 from fedexp.core.summary import RunSummary
 from fedexp.core.types import ConfigError
@@ -121,14 +122,42 @@ def test_a_missing_setting_gives_n_a_not_a_verdict():
 
 
 def test_catalogue_is_consistent():
-    assert [c.id for c in CLAIMS] == [str(i) for i in range(1, 10)]
-    for claim in CLAIMS:
-        assert all(sid in SETTINGS for sid in settings_of(claim))
-        n = len(claim.terms)
-        assert all(0 <= i < n and 0 <= j < n for i, _, j in claim.relations)
-    assert [c.id for c in select("frl-upload,3")] == ["3", "7"]
+    assert [c.id for c in CLAIMS] == [str(i) for i in range(1, 11)]
+    for name in TIERS:
+        claims, settings = tier(name)
+        for claim in claims:
+            assert all(sid in settings for sid in settings_of(claim))
+            n = len(claim.terms)
+            assert all(0 <= i < n and 0 <= j < n for i, _, j in claim.relations)
+    assert [c.id for c in select("frl-upload,3", CLAIMS)] == ["3", "7"]
     with pytest.raises(ConfigError, match="--only: unknown claim 99"):
-        select("99")
+        select("99", CLAIMS)
+
+
+def test_paper_tier_keeps_the_compared_terms_and_renumbers_the_relations():
+    claims, settings = tier("paper")
+    by_id = {c.id: c for c in claims}
+    # claim 7 (the ledger's identity) needs FedAvg's clean run, which the tier does not define
+    assert "7" not in by_id and {"1", "2", "4", "6", "8", "9", "10"} <= set(by_id)
+    # claim 2 keeps η0 = 0.01 and 0 (the other values are the small tier's sweep)
+    two = by_id["2"]
+    assert [t.setting for t in two.terms] == ["shards-fedhenn-het", "shards-fedhenn-het-eta0"]
+    assert two.relations == ((0, ">", 1),)
+    # claim 4 runs on the multimodal split there
+    assert [t.setting for t in by_id["4"].terms] == ["multimodal-waffle", "multimodal-fedavg"]
+    assert "multimodal" in by_id["4"].text
+    # the paper's populations: FRL 1 000 clients, 25 a round; FedHeNN E = 20
+    frl = settings["frl-rr20"].overrides
+    assert "experiment=frl_mnist_dir1" in frl and "attack.fraction=0.2" in frl
+
+
+def test_a_setting_that_does_not_compose_is_one_line_before_anything_runs(tmp_path, capsys):
+    out = tmp_path / "o"
+    args = ["--tier", "paper", "--only", "6", "--override", "nope=1", "--out", str(out)]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fedexp: error: setting ") and "does not compose" in err
+    assert len(err.splitlines()) == 1 and not out.exists()
 
 
 def test_bad_options_exit_2_before_running(tmp_path, capsys):
@@ -145,6 +174,11 @@ def test_update_doc_replaces_only_the_marked_section(tmp_path):
     doc.write_text(f"intro\n{BEGIN}\nold table\n{END}\noutro\n")
     update_doc(doc, "new table\n")
     assert doc.read_text() == f"intro\n{BEGIN}\nnew table\n{END}\noutro\n"
+    # each tier has its own section: the paper tier's leaves the small one alone
+    begin, end = markers("paper")
+    doc.write_text(f"{BEGIN}\nsmall\n{END}\n{begin}\nold\n{end}\n")
+    update_doc(doc, "paper\n", "paper")
+    assert doc.read_text() == f"{BEGIN}\nsmall\n{END}\n{begin}\npaper\n{end}\n"
 
 
 @pytest.mark.slow  # three CLI processes (~50 s); make test-full

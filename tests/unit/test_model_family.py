@@ -52,3 +52,23 @@ def test_family_misuse_is_a_config_error():
         cnn_family((1, 8, 8), 10, arch=0, num_archs=6)
     with pytest.raises(ConfigError, match="image inputs"):
         cnn_family((60,), 10, arch=0)
+
+
+def test_mlp_family_spreads_depth_and_width_from_the_smallest_to_the_largest():
+    from fedexp.models.family import mlp_family
+
+    def widths(arch, num_archs=5):
+        model = mlp_family((40,), 10, num_archs=num_archs, hidden=(200, 200, 200), arch=arch)
+        return [m.out_features for m in model.body if isinstance(m, torch.nn.Linear)]
+
+    # six layouts (depth 1..3, narrow then wide); five of them spread evenly: 0, 1, 2, 4, 5
+    assert [widths(a) for a in range(5)] == [
+        [100], [200], [100, 200], [100, 100, 200], [200, 200, 200],
+    ]  # fmt: skip
+    assert [widths(a, 2) for a in range(2)] == [[100], [200, 200, 200]]
+    model = mlp_family((40,), 10, num_archs=5, hidden=(200, 200, 200), arch=4)
+    assert model(torch.zeros(3, 40)).shape == (3, 10)
+    with pytest.raises(ConfigError, match="model.num_archs"):
+        mlp_family((40,), 10, num_archs=7, hidden=(200, 200, 200), arch=0)
+    with pytest.raises(ConfigError, match="mlp_family is a family"):
+        mlp_family((40,), 10, num_archs=5, hidden=(200,))

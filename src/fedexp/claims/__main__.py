@@ -1,4 +1,5 @@
-"""`python -m fedexp.claims [--seeds N] [--only IDS] [--out DIR] [--jobs J] [--update-doc MD]`."""
+"""`python -m fedexp.claims [--tier small|paper] [--seeds N] [--only IDS] [--out DIR] [--jobs J]
+[--update-doc MD]`."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from fedexp.claims.catalogue import CLAIMS, SETTINGS, Claim, settings_of
+from fedexp.claims.catalogue import Claim, Setting, settings_of
 from fedexp.claims.runner import Runner, SettingResult
-from fedexp.claims.settings_text import claim_setting_text
+from fedexp.claims.settings_text import check_composes, claim_setting_text
 from fedexp.claims.table import claim_json, markdown, row, update_doc
+from fedexp.claims.tiers import DEFAULT_SEEDS, TIERS, tier
 from fedexp.claims.verdict import evaluate
 from fedexp.core.types import ConfigError
 
@@ -25,7 +27,16 @@ def parse(argv: list[str]) -> argparse.Namespace:
         prog="python -m fedexp.claims",
         description="Check the direction of the papers' headline claims on small data.",
     )
-    parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per setting (3)")
+    parser.add_argument(
+        "--tier",
+        default="small",
+        choices=TIERS,
+        help="small: the bundled digits, minutes (default); paper: the papers' protocols on "
+        "MNIST-1D, about an hour on 2 cores",
+    )
+    parser.add_argument(
+        "--seeds", type=int, default=None, help="seeds 0..N-1 per setting (small 3, paper 2)"
+    )
     parser.add_argument("--only", default=None, help="claim ids or slugs, comma-separated")
     parser.add_argument("--out", default=None, help="output dir (outputs/claims/<timestamp>)")
     parser.add_argument("--jobs", type=int, default=1, help="settings run in parallel (1)")
@@ -45,22 +56,24 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def select(only: str | None) -> list[Claim]:
+def select(only: str | None, claims: list[Claim]) -> list[Claim]:
     """The claims named by `--only` (ids or slugs), in catalogue order; all when None."""
     if only is None:
-        return list(CLAIMS)
+        return list(claims)
     wanted = [w.strip() for w in only.split(",") if w.strip()]
-    known = {c.id: c for c in CLAIMS} | {c.slug: c for c in CLAIMS}
+    known = {c.id: c for c in claims} | {c.slug: c for c in claims}
     unknown = [w for w in wanted if w not in known]
     if unknown or not wanted:
-        names = ", ".join(f"{c.id} ({c.slug})" for c in CLAIMS)
+        names = ", ".join(f"{c.id} ({c.slug})" for c in claims)
         bad = ", ".join(unknown) or "(none)"
-        raise ConfigError(f"--only: unknown claim {bad}; claims: {names}")
+        raise ConfigError(f"--only: unknown claim {bad} in this tier; claims: {names}")
     chosen = {known[w].id for w in wanted}
-    return [c for c in CLAIMS if c.id in chosen]
+    return [c for c in claims if c.id in chosen]
 
 
 def check_args(args: argparse.Namespace) -> None:
+    if args.seeds is None:
+        args.seeds = DEFAULT_SEEDS[args.tier]
     if args.seeds < 1:
         raise ConfigError(f"--seeds: {args.seeds} is not a positive number of seeds")
     if args.jobs < 1:
@@ -110,10 +123,12 @@ def header(argv, args, seeds, runs: int, wall: float) -> str:
     )
 
 
-def settings_json(results: dict[str, SettingResult], users: dict[str, list[str]]) -> dict:
+def settings_json(
+    results: dict[str, SettingResult], users: dict[str, list[str]], known: dict[str, Setting]
+) -> dict:
     return {
         sid: {
-            "overrides": list(SETTINGS[sid].overrides),
+            "overrides": list(known[sid].overrides),
             "claims": users[sid],
             "wall_s": res.wall_s,
             "error": res.error,
@@ -139,22 +154,29 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     try:
         check_args(args)
-        claims = select(args.only)
+        catalogue, known = tier(args.tier)
+        claims = select(args.only, catalogue)
     except ConfigError as err:
         print(f"fedexp: error: {err}", file=sys.stderr)
         return EXIT_CONFIG
-    out = Path(args.out or f"outputs/claims/{datetime.now():%Y-%m-%d_%H-%M-%S}").resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    default_out = f"outputs/claims/{args.tier}-{datetime.now():%Y-%m-%d_%H-%M-%S}"
     users: dict[str, list[str]] = {}
     for claim in claims:
         for sid in settings_of(claim):
             users.setdefault(sid, []).append(claim.id)
-    settings = [SETTINGS[sid] for sid in users]
+    settings = [known[sid] for sid in users]
+    try:
+        check_composes(settings, args.override)
+    except ConfigError as err:
+        print(f"fedexp: error: {err}", file=sys.stderr)
+        return EXIT_CONFIG
+    out = Path(args.out or default_out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
     seeds = list(range(args.seeds))
     runs = len(settings) * len(seeds)
     print(
-        f"fedexp.claims: {len(claims)} claims, {len(settings)} settings × {len(seeds)} seeds = "
-        f"{runs} runs, {args.jobs} at a time; out: {out}",
+        f"fedexp.claims ({args.tier} tier): {len(claims)} claims, {len(settings)} settings × "
+        f"{len(seeds)} seeds = {runs} runs, {args.jobs} at a time; out: {out}",
         flush=True,
     )
     labels = {sid: ",".join(ids) for sid, ids in users.items()}
@@ -176,23 +198,24 @@ def main(argv: list[str] | None = None) -> int:
         measured, verdict = evaluate(claim, summaries, seeds)
         if verdict.holds is None:
             undecided.append(claim.id)
-        setting = claim_setting_text(claim, SETTINGS, summaries)
+        setting = claim_setting_text(claim, known, summaries)
         rows.append(row(claim, measured, verdict, setting))
         entries.append(claim_json(claim, measured, verdict, setting))
     text = markdown(rows, header(argv, args, seeds, runs, wall), timing_line(results))
     (out / "claims.md").write_text(text)
     record = {
         "command": ["python", "-m", "fedexp.claims", *argv],
+        "tier": args.tier,
         "seeds": seeds,
         "jobs": args.jobs,
         "overrides": args.override,
         "wall_s": wall,
         "claims": entries,
-        "settings": settings_json(results, users),
+        "settings": settings_json(results, users, known),
     }
     (out / "claims.json").write_text(json.dumps(record, indent=1, ensure_ascii=False))
     if args.update_doc:
-        update_doc(Path(args.update_doc), text)
+        update_doc(Path(args.update_doc), text, args.tier)
     print(text)
     failures = {sid: res.error for sid, res in results.items() if res.error}
     for sid, error in failures.items():

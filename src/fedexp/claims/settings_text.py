@@ -15,6 +15,7 @@ from typing import Any
 
 from fedexp.claims.catalogue import Claim, Setting, settings_of
 from fedexp.core.summary import RunSummary
+from fedexp.core.types import ConfigError
 
 # shown once when every compared setting has the same value (in this order)
 ESSENTIALS = (
@@ -83,8 +84,8 @@ def run_config(config: Mapping[str, Any], choices: Mapping[str, Any]) -> dict[st
     return flat
 
 
-def composed(setting: Setting) -> dict[str, Any]:
-    """The configuration Hydra composes from a setting's overrides (no run needed)."""
+def composed(setting: Setting, extra: Sequence[str] = ()) -> dict[str, Any]:
+    """The configuration Hydra composes from a setting's overrides and `extra` (no run)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
@@ -94,14 +95,29 @@ def composed(setting: Setting) -> dict[str, Any]:
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(find_conf(), version_base="1.3"):
-            cfg = compose("config", overrides=list(setting.overrides), return_hydra_config=True)
+            cfg = compose(
+                "config", overrides=[*setting.overrides, *extra], return_hydra_config=True
+            )
     finally:
         GlobalHydra.instance().clear()
     choices = dict(cfg.hydra.runtime.choices)
     OmegaConf.set_struct(cfg, False)
-    for key in ("hydra", "paths"):
-        cfg.pop(key, None)
-    return run_config(OmegaConf.to_container(cfg, resolve=True), choices)
+    cfg.pop("hydra", None)
+    resolved = OmegaConf.to_container(cfg, resolve=True)  # `paths` resolves the data dirs
+    resolved.pop("paths", None)
+    return run_config(resolved, choices)
+
+
+def check_composes(settings: Sequence[Setting], extra: Sequence[str] = ()) -> None:
+    """Raise ConfigError naming the first setting whose overrides (with `extra`, the command's
+    `--override`s) do not compose: an option a preset selects that does not exist for the
+    method, a misspelt key."""
+    for setting in settings:
+        try:
+            composed(setting, extra)
+        except Exception as err:  # Hydra's errors have no common base but Exception
+            lines = str(err).strip().splitlines() or [type(err).__name__]
+            raise ConfigError(f"setting {setting.id}: does not compose: {lines[0]}") from None
 
 
 def setting_configs(

@@ -64,13 +64,22 @@ def markdown(rows: list[str], header: str, footer: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def update_doc(doc: Path, text: str) -> None:
-    """Replace what lies between the doc's BEGIN and END markers with `text`."""
+def markers(tier: str = "small") -> tuple[str, str]:
+    """The begin and end markers of a tier's table in a doc (`claims:` for the small tier,
+    `claims-<tier>:` for another)."""
+    if tier == "small":
+        return BEGIN, END
+    return f"<!-- claims-{tier}:begin -->", f"<!-- claims-{tier}:end -->"
+
+
+def update_doc(doc: Path, text: str, tier: str = "small") -> None:
+    """Replace what lies between the doc's markers of `tier` with `text`."""
+    begin, end = markers(tier)
     content = doc.read_text()
-    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.DOTALL)
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.DOTALL)
     if not pattern.search(content):
-        raise ValueError(f"{doc}: no {BEGIN} ... {END} section to replace")
-    doc.write_text(pattern.sub(lambda _: f"{BEGIN}\n{text}{END}", content, count=1))
+        raise ValueError(f"{doc}: no {begin} ... {end} section to replace")
+    doc.write_text(pattern.sub(lambda _: f"{begin}\n{text}{end}", content, count=1))
 
 
 def claim_json(claim: Claim, measured: list[Measured], verdict: Verdict, setting: str = "") -> dict:

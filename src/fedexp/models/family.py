@@ -86,3 +86,45 @@ def cnn_family(
         layers += [nn.Linear(features, out), nn.ReLU()]
         features = out
     return BodyHead(nn.Sequential(*layers), nn.Linear(features, num_classes))
+
+
+def mlp_family(
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    *,
+    num_archs: int,
+    hidden: tuple[int, ...],
+    arch: int | None = None,
+) -> BodyHead:
+    """Architecture `arch` of an MLP family: 1 up to len(hidden) hidden layers (FedHeNN's
+    heterogeneous clients for flat inputs, e.g. MNIST-1D).
+
+    The layouts, smallest to largest, are each depth d = 1..len(hidden) first narrow, then wide;
+    `num_archs` of them are spread evenly (`family_layouts`). An arch of depth d takes the last d
+    entries of `hidden`; the narrow one halves every layer but the last (a depth-1 arch: that
+    layer), so archs of depth ≥ 2 represent with width hidden[-1].
+    """
+    if arch is None:
+        raise ConfigError(
+            "model: mlp_family is a family of architectures; use it with an algorithm that gives "
+            "each client its own (algorithm=fedhenn algorithm.variant=heterogeneous)"
+        )
+    if not hidden:
+        raise ConfigError("model.hidden: an mlp_family needs at least one hidden layer")
+    layouts = tuple((d, narrow) for d in range(1, len(hidden) + 1) for narrow in (True, False))
+    chosen = family_layouts(num_archs, layouts)
+    if not 0 <= arch < num_archs:
+        raise ValueError(f"arch must be in [0, {num_archs}), got {arch}")
+    depth, narrow = chosen[arch]
+    widths = list(hidden[len(hidden) - depth :])
+    if narrow:
+        keep = 0 if depth == 1 else 1
+        widths = [max(1, w // 2) for w in widths[: len(widths) - keep]] + widths[
+            len(widths) - keep :
+        ]
+    layers: list[nn.Module] = [nn.Flatten()]
+    features = int(np.prod(input_shape))
+    for out in widths:
+        layers += [nn.Linear(features, out), nn.ReLU()]
+        features = out
+    return BodyHead(nn.Sequential(*layers), nn.Linear(features, num_classes))

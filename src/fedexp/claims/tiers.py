@@ -1,0 +1,18 @@
+"""The claims' tiers: `small` (the bundled digits, minutes) and `paper` (the papers' protocols
+on MNIST-1D, about an hour on 2 cores). Each gives its claims and the settings they run."""
+
+from __future__ import annotations
+
+from fedexp.claims import catalogue, paper_tier
+from fedexp.claims.catalogue import Claim, Setting
+
+TIERS = ("small", "paper")
+DEFAULT_SEEDS = {"small": 3, "paper": 2}
+
+
+def tier(name: str) -> tuple[list[Claim], dict[str, Setting]]:
+    """The claims of tier `name` (catalogue order) and its settings by id."""
+    if name == "small":
+        return list(catalogue.CLAIMS), catalogue.SETTINGS
+    claims = [c for c in map(paper_tier.tier_claim, catalogue.CLAIMS) if c is not None]
+    return claims, paper_tier.SETTINGS
