@@ -324,7 +324,7 @@ def _(r):
     femnist(r, lambda b: first_user(b)["x"][1].__setitem__(5, None))
 
 
-@bad("leaf-nan-pixel", "femnist", FEMNIST_TRAIN, "f0001_41: sample 1 has a NaN or infinite pixel")
+@bad("leaf-nan-pixel", "femnist", FEMNIST_TRAIN, "f0001_41: sample 1: pixel value nan is not")
 def _(r):
     femnist(r, lambda b: first_user(b)["x"][1].__setitem__(5, float("nan")))
 
