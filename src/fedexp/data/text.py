@@ -114,11 +114,12 @@ def _glove_vector(path: Path, line_no: int, word: str, values: list[str]) -> np.
     if not np.isfinite(vector).all():
         bad = values[int(np.flatnonzero(~np.isfinite(vector))[0])]
         raise ConfigError(f"{where}: {bad!r} is not a finite number")
-    vector = vector.astype(np.float32)
-    if not np.isfinite(vector).all():  # finite in float64, too large for float32
-        bad = values[int(np.flatnonzero(~np.isfinite(vector))[0])]
-        raise ConfigError(f"{where}: {bad!r} overflows float32")
-    return vector
+    too_large = np.abs(vector) > np.finfo(np.float32).max  # finite, but not as float32
+    if too_large.any():
+        raise ConfigError(
+            f"{where}: {values[int(np.flatnonzero(too_large)[0])]!r} overflows float32"
+        )
+    return vector.astype(np.float32)
 
 
 def _is_number(text: str) -> bool:
@@ -145,7 +146,7 @@ def read_sentiment140_csv(files: list[Path]) -> tuple[list[str], list[int], list
                 reader = csv.reader(fh)
                 for row in reader:
                     start, line_no = line_no + 1, reader.line_num
-                    if line_no != start:
+                    if line_no != start or any("\n" in f or "\r" in f for f in row):
                         raise data_error(
                             f"{path}:{start}",
                             "a quote opened on this line is not closed on it (a Sentiment140 "
