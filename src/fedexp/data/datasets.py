@@ -51,11 +51,17 @@ class Dataset:
     prepare: Callable[[Dataset, Any], Dataset] | None = None
 
     def __post_init__(self) -> None:
-        """Every input has a label and every label is one of the `num_classes` classes."""
+        """Every input has a label, every label is one of the `num_classes` classes, and every
+        float input is finite (whatever the loader, nothing non-finite reaches training)."""
         for split, x, y in (
             ("training", self.train_x, self.train_y),
             ("test", self.test_x, self.test_y),
         ):
+            if x is not None and x.is_floating_point() and not bool(torch.isfinite(x).all()):
+                row = int(torch.nonzero(~torch.isfinite(x.reshape(len(x), -1)))[0, 0])
+                raise ConfigError(
+                    f"dataset.data_dir: {self.name}: {split} input {row} holds a non-finite value"
+                )
             if y is None:
                 continue
             if len(x) != len(y):

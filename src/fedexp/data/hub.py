@@ -28,7 +28,7 @@ import torch
 
 from fedexp.data.datasets import Dataset
 from fedexp.data.files import data_error, one_line
-from fedexp.data.leaf import owner_ids
+from fedexp.data.leaf import owner_ids, regular_file
 from fedexp.data.pixels import check_pixel_range, decode_image, to_unit
 from fedexp.data.text import Sent140Encoder, tokenize
 from fedexp.errors import ConfigError
@@ -44,7 +44,7 @@ def local_copy(data_dir: str, path: str) -> Path:
 def _parquet_splits(root: Path) -> dict[str, list[Path]]:
     """Parquet files under root by split: `<split>[-*].parquet` or `<split>/*.parquet`."""
     splits: dict[str, list[Path]] = {}
-    for f in sorted(root.rglob("*.parquet")):
+    for f in sorted(regular_file(p) for p in root.rglob("*.parquet")):
         rel = f.relative_to(root).parts
         folder = [p for p in rel[:-1] if p != "data"]
         name = folder[-1] if folder else re.split(r"[-.]", f.name, maxsplit=1)[0]
@@ -245,9 +245,13 @@ def load_hf(
     inputs = [_column(splits[s], input_key, what, s) for s in used]
     owners = None
     if client_key is not None:
-        owners = owner_ids(
-            [str(v) for v in _column(splits[train_split], client_key, "client_key", train_split)]
-        )
+        column = list(_column(splits[train_split], client_key, "client_key", train_split))
+        if None in column:  # str(None) would make one client of every row without an owner
+            raise data_error(
+                f"{root}: split {train_split}, column {client_key}",
+                f"row {column.index(None)} has no owner (null)",
+            )
+        owners = owner_ids([str(v) for v in column])
     if image_key is not None:
         images = [
             _images(c, f"{root}: split {s}, column {image_key}", pixel_range)

@@ -206,7 +206,8 @@ def _parquet_files(root: Path) -> list[Path]:
     """*.parquet under root, outside the download cache (whose copies would count twice)."""
     if not root.is_dir():
         return []
-    return sorted(p for p in root.rglob("*.parquet") if HF_CACHE not in p.relative_to(root).parts)
+    found = (p for p in root.rglob("*.parquet") if HF_CACHE not in p.relative_to(root).parts)
+    return sorted(regular_file(p) for p in found)
 
 
 def _download_femnist(root: Path) -> None:
