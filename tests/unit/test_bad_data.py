@@ -324,7 +324,7 @@ def _(r):
     femnist(r, lambda b: first_user(b)["x"][1].__setitem__(5, None))
 
 
-@bad("leaf-nan-pixel", "femnist", FEMNIST_TRAIN, "f0001_41: sample 1 has a NaN or infinite pixel")
+@bad("leaf-nan-pixel", "femnist", FEMNIST_TRAIN, "f0001_41: sample 1: pixel value nan is not")
 def _(r):
     femnist(r, lambda b: first_user(b)["x"][1].__setitem__(5, float("nan")))
 
@@ -358,6 +358,43 @@ def _(r):
 @bad("sent140-short-row", "sent140", SENT140_TRAIN, "user0: sample 2 is not an [id, date, query")
 def _(r):
     sent140(r, lambda b: first_user(b)["x"][2].pop())
+
+
+# ---- files that are no files, and pixels outside LEAF's [0, 1]
+@bad("leaf-json-is-a-dir", "femnist", "train/more.json", "a directory, expected a data file")
+def _(r):
+    femnist(r)
+    (r / "train" / "more.json").mkdir()
+
+
+@bad("leaf-json-link-loop", "sent140", "train/loop.json", "cannot be read (OSError: [Errno 40]")
+def _(r):
+    sent140(r, lambda b: None)
+    (r / "train" / "loop.json").symlink_to(r / "train" / "loop.json")
+
+
+@bad("leaf-pixels-0-255", "femnist", FEMNIST_TRAIN, "f0001_41: sample 0: pixel value 255.0 outside")
+def _(r):
+    femnist(r, lambda b: first_user(b)["x"][0].__setitem__(7, 255.0))
+
+
+SENT140_CSV = "training.1600000.processed.noemoticon.csv"
+CSV_ROW = '"0","1","Mon Apr 06 2009","NO_QUERY","u1","so sad"\n'
+
+
+@bad("sent140-csv-is-a-dir", "sent140", SENT140_CSV, "a directory, expected a data file")
+def _(r):
+    (r / SENT140_CSV).mkdir()
+
+
+@bad("sent140-csv-open-quote", "sent140", f"{SENT140_CSV}:2", "a quote opened on this line is not")
+def _(r):
+    (r / SENT140_CSV).write_text(CSV_ROW + CSV_ROW.replace('"so sad"', '"so sad') + CSV_ROW * 2)
+
+
+@bad("sent140-csv-open-quote-at-end", "sent140", f"{SENT140_CSV}:3", "a quote opened on this")
+def _(r):
+    (r / SENT140_CSV).write_text(CSV_ROW * 2 + CSV_ROW.replace('"so sad"', '"so sad'))
 
 
 @pytest.mark.parametrize(("dataset", "write_broken", "file", "problem"), BAD_FILES)

@@ -120,6 +120,10 @@ def test_dataset_labels_must_fit_num_classes_and_inputs():
     with pytest.raises(ConfigError, match=r"^dataset.data_dir: toy: 2 client ids for 4 training"):
         Dataset("toy", x, torch.tensor([0, 1, 0, 1]), None, None, 2, (3,), np.zeros(2))
     assert Dataset("toy", x, torch.tensor([0, 1, 0, 1]), None, None, 2, (3,)).num_classes == 2
+    bad = x.clone()
+    bad[2, 1] = float("nan")
+    with pytest.raises(ConfigError, match=r"^dataset.data_dir: toy: test input 2 holds a non-fin"):
+        Dataset("toy", x, torch.tensor([0, 1, 0, 1]), bad, torch.tensor([0, 1, 0, 1]), 2, (3,))
 
 
 @pytest.mark.parametrize(

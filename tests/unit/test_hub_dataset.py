@@ -211,3 +211,12 @@ def test_the_shakespeare_preset_reads_flower_columns(tmp_path):
 def test_the_path_is_required(tmp_path):
     with pytest.raises(ConfigError, match=r"^dataset.path: required"):
         load_hf("???", str(tmp_path), image_key="img")
+
+
+def test_a_row_without_an_owner_is_refused_naming_it(tmp_path):
+    split = image_split(6).to_dict()
+    split["writer"][4] = None
+    root = tmp_path / "ds"
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict(split)}).save_to_disk(str(root))
+    with pytest.raises(ConfigError, match=r"split train, column writer: row 4 has no owner"):
+        load_hf(str(root), str(tmp_path), image_key="img", client_key="writer")

@@ -13,7 +13,7 @@ import torch
 
 from components import partition_dataset, with_yaml
 from fedexp.core.types import ConfigError
-from fedexp.data.text import PAD, UNK, Vocabulary, load_sent140, tokenize
+from fedexp.data.text import PAD, UNK, Vocabulary, load_sent140, read_glove, tokenize
 from fedexp.models.lstm import lstm, lstm_family
 
 load_sent140 = with_yaml(load_sent140, "dataset", "sent140")
@@ -150,6 +150,25 @@ def test_glove_file_gives_frozen_pretrained_vectors(tmp_path):
     names = [n for n, _ in model.named_parameters()]
     assert not any("embedding" in n for n in names)  # a buffer: never trained, never sent
     assert torch.equal(model.body.frozen_embedding, table)
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        ("fine 4 x 6", "word 'fine': 'x' is not a number"),
+        ("fine 4 nan 6", "word 'fine': 'nan' is not a finite number"),
+        ("fine 4 -inf 6", "word 'fine': '-inf' is not a finite number"),
+        ("fine 4 1e39 6", "word 'fine': '1e39' overflows float32"),
+        ("fine", "word 'fine': no vector"),
+    ],
+)
+def test_a_glove_vector_that_is_not_finite_numbers_is_one_line(tmp_path, line, problem):
+    glove = tmp_path / "glove.txt"
+    glove.write_text(f"tweet 1 2 3\n{line}\nunused 1 nan 3\n")
+    with pytest.raises(ConfigError) as err:
+        read_glove(glove, {"tweet", "fine"})
+    assert str(err.value) == f"dataset.glove_path: {glove}:2: {problem}"
+    assert len(read_glove(glove, {"tweet"})) == 1  # a vector no training word uses is not read
 
 
 def test_missing_sent140_is_one_line(tmp_path):

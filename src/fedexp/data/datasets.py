@@ -21,6 +21,7 @@ import torch
 
 from fedexp.data.files import check_labels, data_error, read_cifar_batch, read_idx
 from fedexp.data.layouts import Layout, missing_error, read_archive
+from fedexp.data.pixels import to_unit
 from fedexp.errors import ConfigError
 
 
@@ -50,11 +51,17 @@ class Dataset:
     prepare: Callable[[Dataset, Any], Dataset] | None = None
 
     def __post_init__(self) -> None:
-        """Every input has a label and every label is one of the `num_classes` classes."""
+        """Every input has a label, every label is one of the `num_classes` classes, and every
+        float input is finite (whatever the loader, nothing non-finite reaches training)."""
         for split, x, y in (
             ("training", self.train_x, self.train_y),
             ("test", self.test_x, self.test_y),
         ):
+            if x is not None and x.is_floating_point() and not bool(torch.isfinite(x).all()):
+                row = int(torch.nonzero(~torch.isfinite(x.reshape(len(x), -1)))[0, 0])
+                raise ConfigError(
+                    f"dataset.data_dir: {self.name}: {split} input {row} holds a non-finite value"
+                )
             if y is None:
                 continue
             if len(x) != len(y):
@@ -89,7 +96,8 @@ def load_digits(test_fraction: float, seed: int = 0, **_) -> Dataset:
     from sklearn.datasets import load_digits as sk_digits
 
     bunch = sk_digits()
-    x = torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    # the pixel rule with the set's own documented range, 0..16 (`fedexp.data.pixels`)
+    x = torch.from_numpy(to_unit(bunch.images, "sklearn digits", (0.0, 16.0))).unsqueeze(1)
     x = (x - 0.3) / 0.4  # roughly zero-mean, unit-variance pixels
     y = torch.tensor(bunch.target, dtype=torch.long)
     tx, ty, vx, vy = _split_holdout(x, y, test_fraction, seed)
@@ -160,9 +168,9 @@ CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 
 
-def images_to_tensor(array: np.ndarray, mean, std) -> torch.Tensor:
-    """uint8 NHWC (or NHW) array -> normalised float NCHW tensor."""
-    x = torch.from_numpy(np.ascontiguousarray(array)).float().div_(255.0)
+def images_to_tensor(array: np.ndarray, mean, std, where: str = "images") -> torch.Tensor:
+    """uint8 NHWC (or NHW) array -> [0, 1] by the pixel rule -> normalised float NCHW tensor."""
+    x = torch.from_numpy(to_unit(np.ascontiguousarray(array), where))
     x = x.unsqueeze(1) if x.ndim == 3 else x.permute(0, 3, 1, 2).contiguous()
     m = torch.tensor(mean).view(1, -1, 1, 1)
     s = torch.tensor(std).view(1, -1, 1, 1)

@@ -7,8 +7,10 @@ folder of parquet files). A Hub name is read from its local copy under `dataset.
 (`<data_dir>/<org>___<name>`, written by `save_to_disk`); `dataset.download=true` fetches it
 first when that copy is missing. Nothing else touches the network.
 
-One column holds the input (`image_key`: images of one size, decoded to uint8 pixels and
-standardised with the training images' per-channel mean and std; or `text_key`: strings,
+One column holds the input (`image_key`: images of one size, mapped to [0, 1] by the pixel rule of
+`fedexp.data.pixels` (uint8 / 255, floats in [0, 1] kept, anything else refused unless
+`dataset.pixel_range` declares the stored range) and standardised with the training images'
+per-channel mean and std; or `text_key`: strings,
 tokenised to `seq_len` token ids with a vocabulary fitted on the clients' training rows only,
 as Sent140's), one the label (`label_key`: a `ClassLabel`, integers, booleans or strings; strings
 become class ids in sorted order), and optionally one the natural owner (`client_key`: a writer or
@@ -17,7 +19,6 @@ user id, for `partition=natural`).
 
 from __future__ import annotations
 
-import io
 import re
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,8 @@ import torch
 
 from fedexp.data.datasets import Dataset
 from fedexp.data.files import data_error, one_line
-from fedexp.data.leaf import owner_ids
+from fedexp.data.leaf import owner_ids, regular_file
+from fedexp.data.pixels import check_pixel_range, decode_image, to_unit
 from fedexp.data.text import Sent140Encoder, tokenize
 from fedexp.errors import ConfigError
 
@@ -42,7 +44,7 @@ def local_copy(data_dir: str, path: str) -> Path:
 def _parquet_splits(root: Path) -> dict[str, list[Path]]:
     """Parquet files under root by split: `<split>[-*].parquet` or `<split>/*.parquet`."""
     splits: dict[str, list[Path]] = {}
-    for f in sorted(root.rglob("*.parquet")):
+    for f in sorted(regular_file(p) for p in root.rglob("*.parquet")):
         rel = f.relative_to(root).parts
         folder = [p for p in rel[:-1] if p != "data"]
         name = folder[-1] if folder else re.split(r"[-.]", f.name, maxsplit=1)[0]
@@ -103,33 +105,21 @@ def _column(split: Any, key: str, what: str, split_name: str) -> list:
     return split[key]
 
 
-def _pixels(value: Any, where: str) -> np.ndarray:
-    """One image (PIL image, {'bytes': ...} dict, array or nested list) -> uint8 HW or HWC."""
-    from PIL import Image
-
-    try:
-        if isinstance(value, dict):
-            value = Image.open(io.BytesIO(value["bytes"]))
-        if isinstance(value, Image.Image):
-            value = value.convert("L" if value.mode in ("1", "L", "I", "F") else "RGB")
-        array = np.asarray(value)
-    except Exception as err:
-        raise data_error(where, f"not a readable image ({one_line(err)})") from None
-    if array.ndim not in (2, 3) or array.dtype.kind not in "uif":
-        raise data_error(where, f"not an image (an array of shape {array.shape})")
-    if array.dtype != np.uint8:
-        array = np.clip(array, 0, 255).astype(np.uint8)
-    return array
-
-
-def _images(values: list, where: str) -> np.ndarray:
-    arrays = [_pixels(v, f"{where}: row {i}") for i, v in enumerate(values)]
+def _images(values: list, where: str, pixel_range) -> np.ndarray:
+    """One column of images -> float32 NCHW in [0, 1] by the pixel rule (see `pixels.py`)."""
+    if not values:
+        raise data_error(where, "no rows (an empty split)")
+    arrays = [decode_image(v, f"{where}: row {i}") for i, v in enumerate(values)]
     shapes = {a.shape for a in arrays}
     if len(shapes) > 1:
         sizes = ", ".join(sorted("x".join(map(str, s)) for s in shapes)[:4])
         raise data_error(where, f"images of different sizes ({sizes}); resize them to one size")
-    stacked = np.stack(arrays)
-    return stacked[:, None] if stacked.ndim == 3 else stacked.transpose(0, 3, 1, 2)
+    if len({a.dtype for a in arrays}) == 1:  # one check of the whole column, its row named
+        unit = to_unit(np.stack(arrays), where, pixel_range)
+    else:  # each image by the rule of its own dtype
+        rows = [to_unit(a, f"{where}: row {i}", pixel_range) for i, a in enumerate(arrays)]
+        unit = np.stack(rows)
+    return unit[:, None] if unit.ndim == 3 else unit.transpose(0, 3, 1, 2)
 
 
 def _class_names(splits: dict[str, Any], label_key: str, used: list[str]) -> list | None:
@@ -190,6 +180,7 @@ def load_hf(
     seq_len: int,
     min_count: int,
     max_vocab: int | None,
+    pixel_range,
     seed: int = 0,
     **_,
 ) -> Dataset:
@@ -205,6 +196,8 @@ def load_hf(
             test set, unless `test_fraction` > 0 holds that share of the training rows out.
         num_classes: the number of classes when the labels do not show it (null: inferred).
         tokenizer, seq_len, min_count, max_vocab: text only (`word` or `char` tokens).
+        pixel_range: images only: null (the pixel rule by dtype) or [lo, hi], the stored range
+            mapped to [0, 1] (values outside refused).
         seed: the holdout split's seed.
     """
     if not path or str(path) == "???":
@@ -217,6 +210,7 @@ def load_hf(
         raise ConfigError(f"dataset.seq_len: must be >= 1, got {seq_len}")
     if not 0 <= test_fraction < 1:
         raise ConfigError(f"dataset.test_fraction: must be in [0, 1), got {test_fraction}")
+    pixel_range = check_pixel_range(pixel_range)
     root = Path(str(path)).expanduser()
     if not root.is_dir():
         root = local_copy(data_dir, str(path))
@@ -235,6 +229,12 @@ def load_hf(
             f"dataset.train_split: no split {train_split!r} in {root} (found {', '.join(splits)})"
         )
     used = [train_split] + ([test_split] if test_split in splits else [])
+    for s in used:
+        if len(splits[s]) == 0:
+            raise ConfigError(
+                f"dataset.{'train' if s == train_split else 'test'}_split: "
+                f"split {s!r} of {root} is empty (0 rows)"
+            )
     labels, count = _encode_labels(
         [_column(splits[s], label_key, "label_key", s) for s in used],
         _class_names(splits, label_key, used),
@@ -245,11 +245,19 @@ def load_hf(
     inputs = [_column(splits[s], input_key, what, s) for s in used]
     owners = None
     if client_key is not None:
-        owners = owner_ids(
-            [str(v) for v in _column(splits[train_split], client_key, "client_key", train_split)]
-        )
+        column = list(_column(splits[train_split], client_key, "client_key", train_split))
+        if None in column:  # str(None) would make one client of every row without an owner
+            raise data_error(
+                f"{root}: split {train_split}, column {client_key}",
+                f"row {column.index(None)} has no owner (null)",
+            )
+        owners = owner_ids([str(v) for v in column])
     if image_key is not None:
-        return _image_dataset(root, used, inputs, labels, count, owners, test_fraction, seed)
+        images = [
+            _images(c, f"{root}: split {s}, column {image_key}", pixel_range)
+            for c, s in zip(inputs, used)
+        ]
+        return _image_dataset(root, used, images, labels, count, owners, test_fraction, seed)
     return _text_dataset(
         root,
         inputs,
@@ -273,8 +281,7 @@ def _holdout(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray
     return np.sort(perm[n_test:]), np.sort(perm[:n_test])
 
 
-def _image_dataset(root, used, inputs, labels, count, owners, test_fraction, seed) -> Dataset:
-    images = [_images(column, f"{root}: {split}") for column, split in zip(inputs, used)]
+def _image_dataset(root, used, images, labels, count, owners, test_fraction, seed) -> Dataset:
     if len(images) > 1 and images[0].shape[1:] != images[1].shape[1:]:
         raise data_error(root, f"{used[1]} images differ in size from the {used[0]} images")
     train_x, train_y = images[0], labels[0]
@@ -285,12 +292,11 @@ def _image_dataset(root, used, inputs, labels, count, owners, test_fraction, see
         train_x, train_y = train_x[keep], train_y[keep]
         owners = owners[keep] if owners is not None else None
     # per-channel statistics of the training images (the pooled test set is scaled alike)
-    pixels = train_x.astype(np.float64) / 255.0
-    mean = pixels.mean(axis=(0, 2, 3))
-    std = np.maximum(pixels.std(axis=(0, 2, 3)), 1e-6)
+    mean = train_x.mean(axis=(0, 2, 3), dtype=np.float64)
+    std = np.maximum(train_x.std(axis=(0, 2, 3), dtype=np.float64), 1e-6)
 
     def scale(x: np.ndarray) -> torch.Tensor:
-        t = torch.from_numpy(x).float().div_(255.0)
+        t = torch.from_numpy(x)
         m = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
         s = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
         return (t - m) / s

@@ -7,31 +7,29 @@ resampled to 40 points (`mnist1d.data.make_dataset`). Nothing is downloaded: the
 count and the seed stays at the package's default (`mnist1d.data.get_dataset_args()`).
 
 The generated arrays are cached under `data_dir` (one `.npz` per package version, sample count
-and generator seed), written atomically and read back without pickle; a damaged file is
-generated again.
+and generator seed), written atomically with a checksum of their content (`cache_files`) and
+read back without pickle; a file that fails the checksum or does not add up is generated again.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import random
-import tempfile
 import time
-import zipfile
 from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from fedexp.data import cache_files
 from fedexp.data.datasets import Dataset
 from fedexp.errors import ConfigError, with_checks
 
 log = logging.getLogger(__name__)
 
 NUM_CLASSES = 10  # the package's ten digit templates
-CACHE_VERSION = 1  # bump when the cached arrays change meaning
+CACHE_VERSION = 2  # bump when the cached arrays change meaning (2: with a checksum)
 
 
 def check_args(num_samples, test_fraction, generator_seed) -> None:
@@ -105,18 +103,16 @@ def cache_path(data_dir: str, num_samples: int, generator_seed: int) -> Path:
 
 
 def read_cache(path: Path, num_samples: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """The cached arrays, or None when the file is missing, damaged or inconsistent (logged)."""
-    if not path.exists():
-        return None
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            x, y = z["x"], z["y"]
-        problem = _inconsistency(x, y, num_samples)
-    except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile) as err:
-        problem = f"{type(err).__name__}: {err}".splitlines()[0]
-    if problem is None:
-        return x, y
-    log.warning("mnist1d: cache %s unreadable (%s); generating it again", path, problem)
+    """The cached arrays, or None when the file is missing, fails its checksum or is
+    inconsistent (each but a missing file logged as one line)."""
+    arrays, problem = cache_files.read(path)
+    if arrays is not None:
+        x, y = arrays.get("x"), arrays.get("y")
+        problem = "no x or y" if x is None or y is None else _inconsistency(x, y, num_samples)
+        if problem is None:
+            return x, y
+    if problem is not None:
+        log.warning("mnist1d: cache %s: %s; generating it again", path, problem)
     return None
 
 
@@ -133,23 +129,11 @@ def _inconsistency(x: np.ndarray, y: np.ndarray, num_samples: int) -> str | None
 
 
 def write_cache(path: Path, x: np.ndarray, y: np.ndarray) -> None:
-    """Atomically: a temporary file unique to this writer in the same folder, then os.replace.
-    A folder that cannot be written is logged and skipped (the data is still returned)."""
+    """Atomically, with a checksum (`cache_files.write`). A folder that cannot be written is
+    logged and skipped (the data is still returned)."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
+        cache_files.write(path, {"x": x, "y": y})
     except OSError as err:
-        log.warning("mnist1d: cannot write the cache %s (%s); not cached", path, err)
-        return
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, x=x, y=y)
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide a shared data dir's file from others
-        os.replace(tmp, path)
-    except BaseException as err:
-        Path(tmp).unlink(missing_ok=True)
-        if not isinstance(err, OSError):
-            raise
         log.warning("mnist1d: cannot write the cache %s (%s); not cached", path, err)
 
 

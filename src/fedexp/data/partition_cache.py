@@ -1,21 +1,23 @@
-"""The on-disk cache of partitions: atomic writes, and reads that treat a damaged file as a miss."""
+"""The on-disk cache of partitions: atomic writes with a checksum of the content (see
+`cache_files`), and reads that treat a damaged, edited or inconsistent file as a miss (logged)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
-import zipfile
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from fedexp.data import cache_files
 from fedexp.data.split import Split
 
 if TYPE_CHECKING:
     from fedexp.data.partition import Partition
+
+log = logging.getLogger(__name__)
 
 
 def _pack(split) -> tuple[np.ndarray, np.ndarray]:
@@ -35,30 +37,37 @@ def digest(values: np.ndarray) -> str:
 
 
 def save(path: Path, partition: Partition) -> None:
-    """Write atomically: a unique temporary file in the same folder, then `os.replace`.
+    """Write atomically, with a checksum (`cache_files.write`).
 
     Concurrent writers of one key each write their own temporary file; the last replace wins
     and every reader sees a complete file.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
     tr, tr_off = _pack(partition.train)
     te, te_off = _pack(partition.test)
-    extra = {} if partition.groups is None else {"groups": np.array(partition.groups)}
+    arrays = {"train": tr, "train_off": tr_off, "test": te, "test_off": te_off}
+    if partition.groups is not None:
+        arrays["groups"] = np.array(partition.groups)
     if partition.val is not None:
-        extra["val"], extra["val_off"] = _pack(partition.val)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, train=tr, train_off=tr_off, test=te, test_off=te_off, **extra)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        arrays["val"], arrays["val_off"] = _pack(partition.val)
+    cache_files.write(path, arrays)
 
 
 def load(path: Path, num_clients: int, n: int) -> Partition | None:
-    """The cached partition, or None if the file is missing, truncated or inconsistent."""
+    """The cached partition, or None if the file is missing, fails its checksum or is
+    inconsistent with the pool (each but a missing file logged as one line)."""
+    arrays, problem = cache_files.read(path)
+    partition = None
+    if arrays is not None:
+        try:
+            partition = _unpack(arrays, num_clients, n)
+        except (KeyError, ValueError) as err:
+            problem = str(err)
+    if problem is not None:
+        log.warning("partition cache %s: %s; recomputing it", path, problem)
+    return partition
 
+
+def _unpack(z: dict[str, np.ndarray], num_clients: int, n: int) -> Partition:
     def unpack(v: np.ndarray, off: np.ndarray) -> Split:
         valid = (
             v.ndim == off.ndim == 1
@@ -69,19 +78,15 @@ def load(path: Path, num_clients: int, n: int) -> Partition | None:
             and (len(v) == 0 or (v.min() >= 0 and v.max() < n))
         )
         if not valid:
-            raise ValueError(f"inconsistent partition cache {path}")
+            raise ValueError(f"not a partition of {n} samples over {num_clients} clients")
         return Split(v, off)
 
-    try:
-        with np.load(path) as z:
-            train = unpack(z["train"], z["train_off"])
-            test = unpack(z["test"], z["test_off"])
-            groups = z["groups"].tolist() if "groups" in z.files else None
-            val = unpack(z["val"], z["val_off"]) if "val" in z.files else None
-    except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile):
-        return None
+    train = unpack(z["train"], z["train_off"])
+    test = unpack(z["test"], z["test_off"])
+    groups = z["groups"].tolist() if "groups" in z else None
+    val = unpack(z["val"], z["val_off"]) if "val" in z else None
     if groups is not None and len(groups) != num_clients:
-        return None
+        raise ValueError(f"{len(groups)} client groups for {num_clients} clients")
     from fedexp.data.partition import Partition
 
     return Partition(train, test, groups, val)

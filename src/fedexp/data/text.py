@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from fedexp.data.datasets import Dataset
-from fedexp.data.leaf import leaf_files, owner_ids, read_leaf_json
+from fedexp.data.files import data_error, one_line
+from fedexp.data.leaf import leaf_files, owner_ids, read_leaf_json, regular_file
 from fedexp.errors import ConfigError
 
 PAD, UNK = 0, 1
@@ -79,13 +80,20 @@ class Vocabulary:
 
 
 def read_glove(path: Path, words: set[str]) -> dict[str, np.ndarray]:
-    """Vectors of `words` from a GloVe-format text file (`word v1 ... vd` per line)."""
+    """Vectors of `words` from a GloVe-format text file (`word v1 ... vd` per line).
+
+    A vector used that holds something other than a finite number, or none, is one ConfigError
+    naming the file, the line and the value.
+    """
     vectors: dict[str, np.ndarray] = {}
-    with open(path, encoding="utf8", errors="replace") as fh:
-        for line in fh:
-            word, _, rest = line.rstrip().partition(" ")
-            if word in words:
-                vectors[word] = np.array(rest.split(), dtype=np.float32)
+    try:
+        with open(path, encoding="utf8", errors="replace") as fh:
+            for line_no, line in enumerate(fh, 1):
+                word, _, rest = line.rstrip().partition(" ")
+                if word in words:
+                    vectors[word] = _glove_vector(path, line_no, word, rest.split())
+    except OSError as err:
+        raise ConfigError(f"dataset.glove_path: {path}: cannot be read ({one_line(err)})") from None
     if not vectors:
         raise ConfigError(f"dataset.glove_path: no training word found in {path}")
     dims = {len(v) for v in vectors.values()}
@@ -94,25 +102,70 @@ def read_glove(path: Path, words: set[str]) -> dict[str, np.ndarray]:
     return vectors
 
 
+def _glove_vector(path: Path, line_no: int, word: str, values: list[str]) -> np.ndarray:
+    where = f"dataset.glove_path: {path}:{line_no}: word {word!r}"
+    if not values:
+        raise ConfigError(f"{where}: no vector")
+    try:
+        vector = np.array(values, dtype=np.float64)
+    except ValueError:
+        bad = next(v for v in values if not _is_number(v))
+        raise ConfigError(f"{where}: {bad!r} is not a number") from None
+    if not np.isfinite(vector).all():
+        bad = values[int(np.flatnonzero(~np.isfinite(vector))[0])]
+        raise ConfigError(f"{where}: {bad!r} is not a finite number")
+    too_large = np.abs(vector) > np.finfo(np.float32).max  # finite, but not as float32
+    if too_large.any():
+        raise ConfigError(
+            f"{where}: {values[int(np.flatnonzero(too_large)[0])]!r} overflows float32"
+        )
+    return vector.astype(np.float32)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def read_sentiment140_csv(files: list[Path]) -> tuple[list[str], list[int], list[str]]:
     """Original Sentiment140 CSV (polarity,id,date,query,user,text; latin-1, no header).
 
     Polarity 0 -> label 0, 4 -> label 1; neutral (2) rows, only in the manual test set, dropped.
+    Every row is one line: a quote not closed on its line (a row spanning lines), a row of
+    other fields, or a file that cannot be read is one ConfigError naming the file and line.
     """
     texts, labels, users = [], [], []
     for path in files:
-        with open(path, encoding="latin-1", newline="") as fh:
-            for line_no, row in enumerate(csv.reader(fh), 1):
-                if len(row) != 6 or row[0] not in ("0", "2", "4"):
-                    raise ConfigError(
-                        f"dataset.data_dir: {path}:{line_no} is not a Sentiment140 row "
-                        "(polarity,id,date,query,user,text)"
-                    )
-                if row[0] == "2":
-                    continue
-                labels.append(int(row[0] == "4"))
-                users.append(row[4])
-                texts.append(row[5])
+        regular_file(path)
+        line_no = 0
+        try:
+            with open(path, encoding="latin-1", newline="") as fh:
+                reader = csv.reader(fh)
+                for row in reader:
+                    start, line_no = line_no + 1, reader.line_num
+                    if line_no != start or any("\n" in f or "\r" in f for f in row):
+                        raise data_error(
+                            f"{path}:{start}",
+                            "a quote opened on this line is not closed on it (a Sentiment140 "
+                            "row is one line)",
+                        )
+                    if len(row) != 6 or row[0] not in ("0", "2", "4"):
+                        raise data_error(
+                            f"{path}:{line_no}",
+                            "not a Sentiment140 row (polarity,id,date,query,user,text)",
+                        )
+                    if row[0] == "2":
+                        continue
+                    labels.append(int(row[0] == "4"))
+                    users.append(row[4])
+                    texts.append(row[5])
+        except csv.Error as err:
+            raise data_error(f"{path}:{line_no + 1}", f"not CSV ({one_line(err)})") from None
+        except OSError as err:
+            raise data_error(path, f"cannot be read ({one_line(err)})") from None
     return texts, labels, users
 
 
