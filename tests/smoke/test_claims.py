@@ -253,3 +253,45 @@ def test_settings_text_of_a_claim_without_runs_is_composed_from_its_overrides():
         "shards-fedhenn-het-eta1 1)"
     )
     assert "model=cnn_family" in text and "client.batch_size=10" in text
+
+
+def test_vary_runs_the_claim_once_per_value_and_tabulates_each_verdict(tmp_path, monkeypatch):
+    import fedexp.claims.__main__ as cli
+    from fedexp.claims.runner import RunRecord, SettingResult
+
+    # the trimmed mean's drop grows with clients_per_round in this fake; FRL's stays 0.05
+    acc = {
+        "frl-clean": lambda n: 0.9,
+        "frl-rr20": lambda n: 0.85,
+        "fedavg-trmean-clean": lambda n: 0.9,
+        "fedavg-trmean-agr20": lambda n: 0.9 - n / 500,
+    }
+    seen = []
+
+    class FakeRunner:
+        def __init__(self, out, seeds, labels, overrides, jobs):
+            self.seeds, self.n = seeds, int(overrides[-1].split("=")[1])
+            seen.append(list(overrides))
+
+        def run_all(self, settings):
+            out = {}
+            for s in settings:
+                summary = RunSummary("completed", metrics={"eval/global/acc": acc[s.id](self.n)})
+                runs = {k: RunRecord(s.id, k, "d", "completed", 1.0, summary=summary)
+                        for k in self.seeds}  # fmt: skip
+                out[s.id] = SettingResult(s.id, runs, 1.0)
+            return out
+
+    monkeypatch.setattr(cli, "Runner", FakeRunner)
+    out = tmp_path / "v"
+    args = ["--only", "6", "--seeds", "2", "--vary", "clients_per_round=10,40", "--out", str(out)]
+    assert main(args) == 0
+    assert [o[-1] for o in seen] == ["clients_per_round=10", "clients_per_round=40"]
+    text = (out / "vary.md").read_text()
+    # 10 a round: trimmed mean drops 0.02 < FRL's 0.05 (no); 40: 0.08 > 0.05 (yes)
+    assert "| 6. frl-vs-trimmed-mean | 10 |" in text and "| 6. frl-vs-trimmed-mean | 40 |" in text
+    rows = [line for line in text.splitlines() if line.startswith("| 6.")]
+    assert rows[0].endswith("| no: not FRL drop < trimmed-mean drop |")
+    assert rows[1].endswith("| yes |")
+    assert (out / "clients_per_round=40" / "claims.json").is_file()
+    assert main(["--vary", "clients_per_round", "--out", str(out)]) == 2

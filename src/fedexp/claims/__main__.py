@@ -48,6 +48,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
         help="a CLI override appended to every run (repeatable; e.g. rounds=2 for a dry run)",
     )
     parser.add_argument(
+        "--vary",
+        default=None,
+        metavar="KEY=V1,V2,...",
+        help="a controlled experiment: run the claims once per value of one override (every "
+        "other setting as the tier has it) and tabulate each claim's measures and verdict per "
+        "value in vary.md",
+    )
+    parser.add_argument(
         "--update-doc",
         default=None,
         metavar="MD",
@@ -81,6 +89,12 @@ def check_args(args: argparse.Namespace) -> None:
     for item in args.override:
         if "=" not in item or item.startswith("="):
             raise ConfigError(f"--override: {item!r} is not KEY=VALUE")
+    if args.vary is not None:
+        key, _, values = args.vary.partition("=")
+        if not key or not [v for v in values.split(",") if v]:
+            raise ConfigError(f"--vary: {args.vary!r} is not KEY=V1,V2,...")
+        if args.update_doc is not None:
+            raise ConfigError("--vary writes vary.md; --update-doc takes a tier's table only")
     if args.update_doc is not None and not Path(args.update_doc).is_file():
         raise ConfigError(f"--update-doc: {args.update_doc} is not a file")
 
@@ -147,9 +161,17 @@ def settings_json(
     }
 
 
+def vary_values(vary: str | None) -> list[str | None]:
+    """The override of each controlled run: [None] (the tier as it is) without --vary."""
+    if vary is None:
+        return [None]
+    key, _, values = vary.partition("=")
+    return [f"{key}={v}" for v in values.split(",") if v]
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the selected claims' settings, write claims.md and claims.json; 1 if a run failed or
-    a claim has no verdict (n/a)."""
+    """Run the selected claims' settings, write claims.md and claims.json (with --vary: once per
+    value, and vary.md); 1 if a run failed or a claim has no verdict (n/a)."""
     argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
     try:
@@ -165,13 +187,55 @@ def main(argv: list[str] | None = None) -> int:
         for sid in settings_of(claim):
             users.setdefault(sid, []).append(claim.id)
     settings = [known[sid] for sid in users]
+    variants = vary_values(args.vary)
     try:
-        check_composes(settings, args.override)
+        for extra in variants:
+            check_composes(settings, [*args.override, *([extra] if extra else [])])
     except ConfigError as err:
         print(f"fedexp: error: {err}", file=sys.stderr)
         return EXIT_CONFIG
     out = Path(args.out or default_out).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    if args.vary is None:
+        return check(argv, args, claims, known, users, out)
+    start, codes, tables = time.perf_counter(), [], []
+    for extra in variants:
+        args_v = argparse.Namespace(**{**vars(args), "override": [*args.override, extra]})
+        codes.append(check(argv, args_v, claims, known, users, out / extra))
+        tables.append((extra, json.loads((out / extra / "claims.json").read_text())))
+    text = vary_markdown(argv, args, tables, time.perf_counter() - start)
+    (out / "vary.md").write_text(text)
+    print(text)
+    print(f"fedexp.claims: wrote {out / 'vary.md'}", flush=True)
+    return max(codes)
+
+
+def vary_markdown(argv, args, tables: list[tuple[str, dict]], wall: float) -> str:
+    """vary.md: each claim's measures and verdict for each value of the varied override."""
+    key = args.vary.partition("=")[0]
+    minutes, seconds = divmod(int(wall), 60)
+    lines = [
+        f"`{' '.join(['python -m fedexp.claims', *argv])}` — {datetime.now():%Y-%m-%d}, commit "
+        f"{_commit()}: {args.tier} tier, seeds 0..{args.seeds - 1}, {len(tables)} values of "
+        f"`{key}` in {minutes} min {seconds} s.",
+        "",
+        f"| claim | `{key}` | measured (mean ± std over seeds) | holds in direction? |",
+        "| --- | --- | --- | --- |",
+    ]
+    for extra, record in tables:
+        value = extra.partition("=")[2]
+        for entry in record["claims"]:
+            cells = [f"{entry['id']}. {entry['slug']}", value, entry["measured_text"]]
+            cells.append(entry["holds_text"])
+            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def check(argv, args, claims, known, users, out: Path) -> int:
+    """Run the claims' settings into `out`, write claims.md and claims.json there; the exit
+    code (0, 1 for a failed run or an n/a verdict, 130 when interrupted)."""
+    out.mkdir(parents=True, exist_ok=True)
+    settings = [known[sid] for sid in users]
     seeds = list(range(args.seeds))
     runs = len(settings) * len(seeds)
     print(

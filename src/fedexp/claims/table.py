@@ -28,11 +28,8 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def row(claim: Claim, measured: list[Measured], verdict: Verdict, setting: str = "") -> str:
-    """One markdown table row: claim | paper's figure | setting here | measured | holds?
-
-    `setting`: the generated settings text (`settings_text.claim_setting_text`); the claim's
-    note alone when empty."""
+def measured_text(claim: Claim, measured: list[Measured]) -> str:
+    """`label mean ± std; ...` of the claim's terms (with the metric used where a fallback)."""
     values = "; ".join(fmt_measured(m, t.unit) for m, t in zip(measured, claim.terms))
     fallbacks = {
         (m.key, t.keys[0])
@@ -41,10 +38,23 @@ def row(claim: Claim, measured: list[Measured], verdict: Verdict, setting: str =
     }
     for used, wanted in sorted(fallbacks):
         values += f" (`{used}`: {wanted} is not reported by this version)"
+    return values
+
+
+def holds_text(verdict: Verdict) -> str:
+    """`yes`, `yes (within seed spread)`, `no: not A > B`, or `n/a (...)`."""
     holds = verdict.text()
     if verdict.failed:
         holds += ": not " + ", not ".join(verdict.failed)
-    holds = holds.replace("<=", "≤").replace(">=", "≥")
+    return holds.replace("<=", "≤").replace(">=", "≥")
+
+
+def row(claim: Claim, measured: list[Measured], verdict: Verdict, setting: str = "") -> str:
+    """One markdown table row: claim | paper's figure | setting here | measured | holds?
+
+    `setting`: the generated settings text (`settings_text.claim_setting_text`); the claim's
+    note alone when empty."""
+    values, holds = measured_text(claim, measured), holds_text(verdict)
     cells = [f"{claim.id}. {claim.text}", claim.paper, setting or claim.note, values, holds]
     return "| " + " | ".join(_cell(c) for c in cells) + " |"
 
@@ -108,6 +118,8 @@ def claim_json(claim: Claim, measured: list[Measured], verdict: Verdict, setting
         ],
         "holds": verdict.holds,
         "clear": verdict.clear,
+        "measured_text": measured_text(claim, measured),
+        "holds_text": holds_text(verdict),
         "verdict": verdict.text(),
         "failed_relations": verdict.failed,
     }
