@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -295,3 +296,41 @@ def test_vary_runs_the_claim_once_per_value_and_tabulates_each_verdict(tmp_path,
     assert rows[1].endswith("| yes |")
     assert (out / "clients_per_round=40" / "claims.json").is_file()
     assert main(["--vary", "clients_per_round", "--out", str(out)]) == 2
+
+
+def test_runner_resumes_an_interrupted_setting_and_sets_stale_runs_aside(tmp_path, monkeypatch):
+    import fedexp.claims.runner as runner_mod
+    from fedexp.claims.catalogue import Setting
+
+    # a stand-in CLI: a multirun writes multirun.yaml and one job dir per seed (as Hydra), and
+    # refuses a sweep dir that already holds one (as fedexp's sweep does)
+    script = (
+        "import json, sys, pathlib\n"
+        "sweep = pathlib.Path(sys.argv[1]); seeds = sys.argv[2].split(',')\n"
+        "if (sweep / 'multirun.yaml').exists(): sys.exit(2)\n"
+        "(sweep / 'multirun.yaml').write_text('x')\n"
+        "for s in seeds[: int(sys.argv[3])]:\n"
+        "    d = sweep / f'seed{s}'; (d / '.hydra').mkdir(parents=True)\n"
+        "    (d / 'summary.json').write_text(json.dumps({'status': 'completed', 'metrics': {}}))\n"
+    )
+    limit = {"n": 1}  # the first call is "interrupted" after one run
+
+    def fake_command(setting, seeds, sweep_dir, extra):
+        seeds_arg = ",".join(map(str, seeds))
+        return [sys.executable, "-c", script, str(sweep_dir), seeds_arg, str(limit["n"])]
+
+    monkeypatch.setattr(runner_mod, "command", fake_command)
+    setting = Setting("s", ("rounds=2",), 1)
+    first = runner_mod.Runner(tmp_path, [0, 1, 2], {"s": "1"}).run_all([setting])["s"]
+    assert [first.runs[k].status for k in (0, 1, 2)] == ["completed", "failed", "failed"]
+    limit["n"] = 9
+    second = runner_mod.Runner(tmp_path, [0, 1, 2], {"s": "1"}).run_all([setting])["s"]
+    assert second.error is None and second.runs[0].reused
+    assert [Path(second.runs[k].run_dir).parent.name for k in (1, 2)] == ["batch-1", "batch-1"]
+    third = runner_mod.Runner(tmp_path, [0, 1, 2], {"s": "1"}).run_all([setting])["s"]
+    assert all(third.runs[k].reused for k in (0, 1, 2))
+    # other overrides: the old runs are set aside, never reused
+    changed = Setting("s", ("rounds=3",), 1)
+    fourth = runner_mod.Runner(tmp_path, [0, 1, 2], {"s": "1"}).run_all([changed])["s"]
+    assert not any(fourth.runs[k].reused for k in (0, 1, 2)) and fourth.error is None
+    assert len(list((tmp_path / "runs").glob("s.stale-*"))) == 1

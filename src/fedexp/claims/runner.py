@@ -66,6 +66,13 @@ def command(setting: Setting, seeds: list[int], sweep_dir: Path, extra: tuple[st
     ]
 
 
+def seed_dirs(sweep: Path, seed: int) -> list[Path]:
+    """A seed's run dirs in a setting's sweep dir, oldest first: `seed<k>`, then those of each
+    later batch (`batch-<n>/seed<k>`, the runs of a resumed check)."""
+    batches = sorted(sweep.glob("batch-*"), key=lambda p: int(p.name.split("-")[1]))
+    return [d for d in (sweep / f"seed{seed}", *(b / f"seed{seed}" for b in batches)) if d.exists()]
+
+
 def _completed(run_dir: Path) -> RunSummary | None:
     """The run's summary.json (None while there is none, or it is still being written)."""
     path = run_dir / "summary.json"
@@ -132,14 +139,16 @@ class Runner:
         spec = {"overrides": [*setting.overrides, *self.extra, *FIXED]}
         spec_path = sweep / "setting.json"
         same = spec_path.exists() and json.loads(spec_path.read_text()) == spec
+        if sweep.exists() and not same:  # runs of other overrides: kept aside, never reused
+            sweep.rename(sweep.with_name(f"{setting.id}.stale-{time.strftime('%Y%m%d-%H%M%S')}"))
         runs: dict[int, RunRecord] = {}
         todo = []
         for seed in self.seeds:
-            run_dir = sweep / f"seed{seed}"
-            summary = _completed(run_dir) if same else None
-            if summary is not None and summary.completed:
+            done = [d for d in seed_dirs(sweep, seed) if (s := _completed(d)) and s.completed]
+            if done:
+                summary = _completed(done[-1])
                 runs[seed] = RunRecord(
-                    setting.id, seed, str(run_dir), "completed", 0.0, True, summary
+                    setting.id, seed, str(done[-1]), "completed", 0.0, True, summary
                 )
                 self._report(runs[seed])
             else:
@@ -148,8 +157,12 @@ class Runner:
             return SettingResult(setting.id, runs, 0.0)
         sweep.mkdir(parents=True, exist_ok=True)
         spec_path.write_text(json.dumps(spec, indent=1))
-        for seed in todo:  # a stale summary must not pass for a new run
-            (sweep / f"seed{seed}" / "summary.json").unlink(missing_ok=True)
+        # the CLI refuses a sweep dir that holds an earlier sweep: the runs still to do go into
+        # a batch dir of their own (an interrupted check resumed)
+        batches = sorted(sweep.glob("batch-*"))
+        if (sweep / "multirun.yaml").exists() or list(sweep.glob("*/.hydra")):
+            sweep = sweep / f"batch-{len(batches) + 1}"
+            sweep.mkdir()
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", WANDB_MODE="disabled")
         start = last = time.perf_counter()
         with open(sweep / "claims_stderr.log", "w") as err:
