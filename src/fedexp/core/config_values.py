@@ -59,11 +59,11 @@ def check_config_values(cfg: DictConfig) -> dict:
             raise ConfigError(
                 f"{key}: missing from the config (removed with ~{key}?); runs read it"
             )
+    check_finite(values)  # first: NaN is refused as such, not as out of a range
     for key, (ann, bound) in SCALARS.items():
         value = OmegaConf.select(cfg, key, default=_MISSING)
         if value is not _MISSING:
             check_value(key, value, ann, bound)
-    check_finite(values)
     check_directories(values)
     return values
 
