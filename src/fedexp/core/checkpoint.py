@@ -82,8 +82,10 @@ def save_checkpoint(path: str | Path, payload: dict) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:  # a full disk, a second stop signal: the previous checkpoint stays
+    except BaseException as err:  # a full disk, a second stop signal: the previous one stays
         tmp.unlink(missing_ok=True)
+        if isinstance(err, OSError) and err.filename is None:
+            err.filename = str(tmp)  # a failed write names no file by itself
         raise
 
 
