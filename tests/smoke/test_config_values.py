@@ -74,7 +74,9 @@ def test_nan_and_inf_in_any_float_option_of_any_component_are_refused(compose_cf
         ),
     ],
 )
-def test_a_wrong_value_is_refused_naming_its_key(compose_cfg, tmp_path, monkeypatch, args, expected):
+def test_a_wrong_value_is_refused_naming_its_key(
+    compose_cfg, tmp_path, monkeypatch, args, expected
+):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("FEDEXP_TEST_UNSET", raising=False)
     (tmp_path / "a_file").write_text("")
