@@ -142,7 +142,8 @@ def test_resume_on_the_command_line_continues_the_run_in_place(
     run_dir = tmp_path / "stopped"
     save_hydra_config(cfg, run_dir)
     lifecycle.run(cfg, run_dir, callbacks=[lifecycle.SignalAfter(1, signal.SIGINT)])
-    code, err = cli_main(monkeypatch, capsys, f"resume={run_dir}")
+    # device= is allowed with resume= (the run was `device=auto`; `executor.device` repeats it)
+    code, err = cli_main(monkeypatch, capsys, f"resume={run_dir}", "device=cpu")
     assert code == 0, err
     resumed = json.loads((run_dir / "summary.json").read_text())
     assert resumed["status"] == "completed" and resumed["resumed_from_round"] == 1
