@@ -33,7 +33,8 @@ def resealed(change):
     def damage(run: Path) -> None:
         payload = torch.load(run / CHECKPOINT_FILE, weights_only=True)
         change(payload)
-        save_checkpoint(run / CHECKPOINT_FILE, {k: v for k, v in payload.items() if k != "checksum"})
+        payload.pop("checksum")
+        save_checkpoint(run / CHECKPOINT_FILE, payload)
 
     return damage
 
