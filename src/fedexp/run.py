@@ -54,9 +54,8 @@ log = logging.getLogger(__name__)
 
 
 def validate(cfg: DictConfig) -> None:
-    """Checks that need no data: types and ranges first (`check_types`: the run scalars, and
-    every component's options against its target's annotations), then the relations between
-    scalars; each failure is one line naming the key."""
+    """Checks that need no data: the config as values (`fedexp.core.config_values`), types and
+    ranges (`check_types`), then the relations between scalars; one line naming the key."""
     from fedexp.core.validation import check_types
 
     check_types(cfg)
