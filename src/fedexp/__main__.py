@@ -20,7 +20,7 @@ from fedexp.core.config import find_conf
 from fedexp.core.summary import RunSummary
 from fedexp.errors import ConfigError
 
-EXIT_CONFIG, EXIT_DIVERGED = 2, 3
+EXIT_FAILED, EXIT_CONFIG, EXIT_DIVERGED = 1, 2, 3
 TABLE_KEYS = (
     "eval/global/acc",
     "eval/global/client_acc_mean",
@@ -117,7 +117,8 @@ def app(cfg: DictConfig) -> float | None:
 
         spread_jobs_over_gpus(hc.job.num)
     group = Path(hc.sweep.dir).name if multirun else None
-    title = run_title(choices, list(hc.overrides.task))
+    # the overrides as typed: `key=${...}` is text here, resolved (or refused) with the config
+    title = run_title(choices, OmegaConf.to_container(hc.overrides.task, resolve=False))
     return execute(cfg, run_dir, choices, multirun=multirun, group=group, title=title)
 
 
@@ -141,20 +142,28 @@ def execute(
         if multirun:  # the dir belongs to another run: fail this job, write nothing there
             raise
         rundir.refuse(err)
-    spill = own_spill_dir(cfg, run_dir)
+    spills: list[Path] = []
     try:
-        return _execute(cfg, run_dir, choices, multirun, group, resume, title)
+        return _execute(cfg, run_dir, choices, multirun, group, resume, title, spills)
     finally:
-        if spill is not None:
+        for spill in spills:
             shutil.rmtree(spill, ignore_errors=True)
         rundir.release(run_dir)
 
 
 def _execute(
-    cfg: DictConfig, run_dir: Path, choices: dict, multirun: bool, group, resume: bool, title
+    cfg: DictConfig,
+    run_dir: Path,
+    choices: dict,
+    multirun: bool,
+    group,
+    resume: bool,
+    title,
+    spills: list[Path],
 ) -> float | None:
     try:
         check_scalars(cfg)  # before torch is imported: a bad value is refused in a moment
+        spills += [d for d in [own_spill_dir(cfg, run_dir)] if d is not None]
         from fedexp.run import Experiment
 
         experiment = Experiment(cfg, run_dir, resume=resume)
@@ -166,26 +175,52 @@ def _execute(
             from fedexp.core.pruning import trial_pruner
 
             loggers += [p for p in [trial_pruner(experiment.objective)] if p is not None]
-    except ConfigError as err:
+    except (ConfigError, OSError) as err:  # OSError: a file the build reads or writes
+        from fedexp.core.run_dir import os_error_line
+
+        if isinstance(err, OSError):
+            err = ConfigError(os_error_line(err, run_dir))
         print(f"fedexp: error: {err}", file=sys.stderr)
         if multirun:  # this job fails; the sweep goes on with the others
-            record_config_error(err, cfg, run_dir, choices)
+            record_error(err, cfg, run_dir, choices)
             return None
         _detach_file_logs(run_dir)
         if not resume:
             from fedexp.core.run_dir import discard
 
             discard(run_dir)  # nothing half-written; a dir that existed keeps its old entries
+        else:
+            _resume_log(keep=False)  # a refused resume leaves the run dir as it was
         sys.exit(EXIT_CONFIG)
+    _resume_log(keep=True)
     from fedexp.core.distributed import is_output_rank
+    from fedexp.core.run_dir import one_line, os_error_line, resume_hint
+    from fedexp.core.signals import StoppedAtOnce
     from fedexp.loggers.progress import ProgressBar, progress_callbacks
 
     output_rank = is_output_rank()  # under torchrun only rank 0 logs and prints
     progress = progress_callbacks(cfg.rounds, experiment.objective, bool(cfg.progress))
     loggers = [*loggers, *progress] if output_rank else []
     bar = progress[0] if output_rank and isinstance(progress[0], ProgressBar) else None
-    with bar or contextlib.nullcontext():
-        summary = experiment.run(loggers, choices=choices, group=group)
+    try:
+        with bar or contextlib.nullcontext():
+            summary = experiment.run(loggers, choices=choices, group=group)
+    except StoppedAtOnce as err:  # a second SIGINT/SIGTERM during the graceful stop
+        print(f"fedexp: {err}; {resume_hint(run_dir)}", file=sys.stderr)
+        sys.exit(128 + err.signum)
+    except Exception as err:  # a full disk, a removed run dir; in a sweep, anything
+        if not (isinstance(err, OSError) or multirun):
+            raise  # a bug: its traceback
+        if isinstance(err, OSError):
+            line = os_error_line(err, run_dir)
+        else:  # a sweep job's bug: its traceback in the job's log, one line in the summary
+            line = one_line(err)
+            logging.getLogger(__name__).error("the job failed", exc_info=True)
+        print(f"fedexp: error: {line}; {resume_hint(run_dir)}", file=sys.stderr)
+        if not multirun:
+            sys.exit(EXIT_FAILED)
+        record_error(ConfigError(line), cfg, run_dir, choices, status="failed")
+        return None  # the sweep goes on with the other jobs
     if output_rank:
         best = best_round(run_dir, summary.objective.name) if summary.objective else None
         print_table(summary, choices, title, best)
@@ -212,29 +247,50 @@ def _execute(
 
 
 def check_scalars(cfg: DictConfig) -> None:
-    """Types and ranges of the run scalars (`fedexp.core.validation.SCALARS`), checked without
-    torch; the components' options are checked when they are built."""
-    from fedexp.core.validation import SCALARS, check_value
+    """The config as values, checked without torch (`fedexp.core.config_values`): it resolves,
+    has the keys a run needs, the run scalars' types and ranges, finite numbers everywhere and
+    directories that can be; the components' options are checked when they are built."""
+    from fedexp.core.config_values import check_config_values
 
-    missing = object()
-    for key, (ann, bound) in SCALARS.items():
-        value = OmegaConf.select(cfg, key, default=missing)
-        if value is not missing:
-            check_value(key, value, ann, bound)
+    check_config_values(cfg)
 
 
-def record_config_error(err: ConfigError, cfg: DictConfig, run_dir: Path, choices: dict) -> None:
-    """summary.json of a sweep job whose config was refused: `status: config_error`."""
+def record_error(
+    err: ConfigError, cfg: DictConfig, run_dir: Path, choices: dict, status: str = "config_error"
+) -> None:
+    """summary.json of a sweep job that was refused (`status: config_error`) or that failed
+    while it ran (`failed`), with its one-line error."""
     from fedexp.loggers.files import RunRecorder
 
-    logging.getLogger(__name__).error("config error: %s", err)
+    logging.getLogger(__name__).error("%s: %s", status.replace("_", " "), err)
     try:
         config = OmegaConf.to_container(cfg, resolve=True)
     except Exception:  # the refusal may be about a value that does not resolve
         config = OmegaConf.to_container(cfg, resolve=False)
-    RunRecorder(run_dir).write_summary(
-        RunSummary("config_error", error=str(err), choices=choices, config=config)
-    )
+    summary = RunSummary(status, error=str(err), choices=choices, config=config)
+    try:
+        RunRecorder(run_dir).write_summary(summary)
+    except OSError as write_err:  # the disk that failed the job may fail this too
+        from fedexp.core.run_dir import os_error_line
+
+        print(f"fedexp: error: {os_error_line(write_err, run_dir)}", file=sys.stderr)
+
+
+_pending_log: list = []  # a resume's log handler, holding its records until the resume is accepted
+
+
+def _resume_log(keep: bool) -> None:
+    """Write a resume's buffered log into the run dir (`keep`) and log there directly from now
+    on, or drop it: a refused resume writes nothing into the run dir."""
+    while _pending_log:
+        handler = _pending_log.pop()
+        if keep:
+            handler.flush()
+            handler.flushLevel = logging.NOTSET  # every later record goes straight to the file
+        else:
+            handler.buffer.clear()
+            logging.getLogger().removeHandler(handler)
+            handler.close()
 
 
 def own_spill_dir(cfg: DictConfig, run_dir: Path) -> Path | None:
@@ -261,6 +317,9 @@ def _detach_file_logs(run_dir: Path) -> None:
                 logger.removeHandler(handler)
 
 
+LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # Hydra's, as conf/hydra sets
+
+
 def resume_main(args: list[str]) -> None:
     """`python -m fedexp resume=<run dir> [device=... progress=... checkpoint_every=...]`."""
     from fedexp.core.resume import load_run_config
@@ -281,17 +340,25 @@ def resume_main(args: list[str]) -> None:
     except ConfigError as err:
         refuse(err)
     # the log Hydra started in the run dir goes on; Hydra itself is not involved in a resume
+    from logging.handlers import MemoryHandler
+
     from fedexp.loggers.progress import NotProgress
 
     console = logging.StreamHandler()
     console.addFilter(NotProgress())  # the progress lines go to the file only
-    logging.basicConfig(
-        level=logging.INFO,
-        format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s",
-        handlers=[console, logging.FileHandler(run_dir / "__main__.log")],
-    )
+    # the file gets the records once the resume is accepted (`_resume_log`)
+    file_log = logging.FileHandler(run_dir / "__main__.log", delay=True)
+    held = MemoryHandler(1 << 20, flushLevel=logging.CRITICAL + 1, target=file_log)
+    held.flushOnClose = False
+    _pending_log.append(held)
+    file_log.setFormatter(logging.Formatter(LOG_FORMAT))
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, handlers=[console, held])
     overrides = run_dir / ".hydra" / "overrides.yaml"
-    title = run_title(choices, OmegaConf.load(overrides) if overrides.exists() else [])
+    try:
+        saved = OmegaConf.to_container(OmegaConf.load(overrides)) if overrides.exists() else []
+    except Exception:  # only the title of the final table comes from it
+        saved = []
+    title = run_title(choices, saved if isinstance(saved, list) else [])
     execute(cfg, run_dir, choices, multirun=False, group=group, resume=True, title=title)
 
 

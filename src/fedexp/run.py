@@ -23,6 +23,7 @@ from fedexp.core.callbacks import Callback, RunInfo, run_end, run_start
 from fedexp.core.checkpoint import (
     CHECKPOINT_FILE,
     check_resumed_data,
+    check_sections,
     config_hash,
     load_checkpoint,
 )
@@ -53,9 +54,8 @@ log = logging.getLogger(__name__)
 
 
 def validate(cfg: DictConfig) -> None:
-    """Checks that need no data: types and ranges first (`check_types`: the run scalars, and
-    every component's options against its target's annotations), then the relations between
-    scalars; each failure is one line naming the key."""
+    """Checks that need no data: the config as values (`fedexp.core.config_values`), types and
+    ranges (`check_types`), then the relations between scalars; one line naming the key."""
     from fedexp.core.validation import check_types
 
     check_types(cfg)
@@ -238,9 +238,10 @@ def build_components(cfg: DictConfig, run_dir: str | Path, resume: bool = False)
     device = resolve_device(cfg.device)
     threads, why = apply_threads(cfg.get("threads", "auto"), device)
     log.info("threads: %d (%s)", threads, why)
-    checkpoint = (
-        load_checkpoint(run_dir / CHECKPOINT_FILE, config_hash(cfg), device) if resume else None
-    )
+    checkpoint = None
+    if resume:  # the file, its checksum, its config hash and its sections, before the data
+        checkpoint = load_checkpoint(run_dir / CHECKPOINT_FILE, config_hash(cfg), device)
+        check_sections(checkpoint, run_dir / CHECKPOINT_FILE)
     torch.manual_seed(cfg.seed)
     data = build_data(cfg, device)
     check_resumed_data(checkpoint, data)  # the same data as the checkpoint's
@@ -277,12 +278,23 @@ def build_components(cfg: DictConfig, run_dir: str | Path, resume: bool = False)
         check_executor(algorithm, data.num_clients)
     # audits watch the run at its evaluations (privacy=mia, ...)
     audits = [build(cfg.privacy, "privacy", ctx=ctx)] if cfg.get("privacy") else []
-    return Components(
+    c = Components(
         cfg, run_dir, device, threads, client, data, store, algorithm, objective, attack, executor,
         audits=audits,
         callbacks=[AuditCallback(audit, algorithm) for audit in audits],
         checkpoint=checkpoint,
     )  # fmt: skip
+    if checkpoint is not None:  # the whole restore, tried before any file of the run is touched
+        checker = Checkpointer(run_dir, 0, cfg, store, data, saved_components(c))
+        checker.check_restorable(checkpoint, algorithm)
+    return c
+
+
+def saved_components(c: Components) -> dict[str, Any]:
+    """The components whose `state_dict` a checkpoint holds, by their key in it."""
+    components = {"attack": c.attack, "executor": c.executor}
+    components.update({f"callback{i}": cb for i, cb in enumerate(c.callbacks)})
+    return components
 
 
 def make_orchestrator(c: Components, algorithm=None, callbacks=()) -> Orchestrator:
@@ -317,8 +329,7 @@ def run(
     """
     cfg, choices = c.cfg, choices or {}
     watchers = [RunRecorder(c.run_dir), *loggers]
-    components = {"attack": c.attack, "executor": c.executor}
-    components.update({f"callback{i}": cb for i, cb in enumerate(c.callbacks)})
+    components = saved_components(c)
     every = int(cfg.get("checkpoint_every", 0) or 0)
     checkpointer = Checkpointer(c.run_dir, every, cfg, c.store, c.data, components, watchers)
     orch = make_orchestrator(c, callbacks=[*c.callbacks, *watchers, checkpointer])

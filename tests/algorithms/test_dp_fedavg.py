@@ -133,7 +133,8 @@ def test_epsilon_is_the_accountants_own(accounting):
 BAD = [
     (dict(clip=0), "algorithm.clip: must be > 0 or null"),
     (dict(clip=None), "algorithm.noise_multiplier: noise is sigma * clip"),
-    (dict(noise_multiplier=-1), "algorithm.noise_multiplier: must be >= 0"),
+    (dict(noise_multiplier=-1), "algorithm.noise_multiplier: must be in [0, 1e+06], got -1"),
+    (dict(noise_multiplier=1e30), "algorithm.noise_multiplier: must be in [0, 1e+06], got 1e+30"),
     (dict(delta=1), "algorithm.delta: must be in (0, 1)"),
     (dict(accounting="rdp"), "algorithm.accounting: must be one of"),
     (dict(weight_cap=0), "algorithm.weight_cap: must be > 0 or null"),

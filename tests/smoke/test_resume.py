@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from components import wandb_options
 from conftest import main_in_process
-from fedexp.core.checkpoint import CHECKPOINT_FILE
+from fedexp.core.checkpoint import CHECKPOINT_FILE, save_checkpoint
 from fedexp.core.run_dir import LOCK_FILE
 from fedexp.core.types import ConfigError
 from fedexp.loggers.files import CSVLogger
@@ -100,7 +100,7 @@ def test_a_resume_on_other_data_is_refused(compose_cfg, lifecycle, tmp_path):
     payload = torch.load(path, weights_only=True)
     assert len(payload["data_digest"]) == 40
     payload["data_digest"] = "0" * 40
-    torch.save(payload, path)
+    save_checkpoint(path, {k: v for k, v in payload.items() if k != "checksum"})  # resealed
     rows = lifecycle.rows(run_dir)
     with pytest.raises(ConfigError, match="resume: the data differs from the data the checkpoint"):
         lifecycle.run(cfg, run_dir, resume=True)
@@ -142,7 +142,8 @@ def test_resume_on_the_command_line_continues_the_run_in_place(
     run_dir = tmp_path / "stopped"
     save_hydra_config(cfg, run_dir)
     lifecycle.run(cfg, run_dir, callbacks=[lifecycle.SignalAfter(1, signal.SIGINT)])
-    code, err = cli_main(monkeypatch, capsys, f"resume={run_dir}")
+    # device= is allowed with resume= (the run was `device=auto`; `executor.device` repeats it)
+    code, err = cli_main(monkeypatch, capsys, f"resume={run_dir}", "device=cpu")
     assert code == 0, err
     resumed = json.loads((run_dir / "summary.json").read_text())
     assert resumed["status"] == "completed" and resumed["resumed_from_round"] == 1

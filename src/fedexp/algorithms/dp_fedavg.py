@@ -63,6 +63,9 @@ absl_logging.get_absl_handler().python_handler.stream = sys.__stderr__
 
 DP_NOISE_STREAM = 61  # derive_seed tag of the server's Gaussian noise, one draw per round
 ACCOUNTING = ("without_replacement", "poisson")
+# the largest sigma accounted: at 1e6 epsilon is already 0.0 in doubles, and from ~1e10 the
+# library's replace-one (without_replacement) bound fails with a math domain error
+MAX_NOISE_MULTIPLIER = 1e6
 
 
 def clip_rows(updates: torch.Tensor, clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,8 +121,12 @@ class DPFedAvg(FedAvg):
     ):
         if clip is not None and not clip > 0:
             raise ConfigError(f"algorithm.clip: must be > 0 or null, got {clip}")
-        if not noise_multiplier >= 0:
-            raise ConfigError(f"algorithm.noise_multiplier: must be >= 0, got {noise_multiplier}")
+        if not 0 <= noise_multiplier <= MAX_NOISE_MULTIPLIER:
+            raise ConfigError(
+                f"algorithm.noise_multiplier: must be in [0, {MAX_NOISE_MULTIPLIER:g}], got "
+                f"{noise_multiplier} (beyond it epsilon is 0 to double precision and the "
+                "accountant's arithmetic fails)"
+            )
         if noise_multiplier > 0 and clip is None:
             raise ConfigError(
                 "algorithm.noise_multiplier: noise is sigma * clip; needs a finite algorithm.clip"

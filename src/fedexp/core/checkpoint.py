@@ -12,7 +12,11 @@ optimizer state persists keeps it in the client store, which is saved.
 
 Files hold only tensors, numbers, strings, None, lists and dicts, so they load with
 `torch.load(weights_only=True)`; they are written to a temp file and renamed into place, so a kill
-at any moment leaves either the previous checkpoint or the new one, never half of one.
+at any moment leaves either the previous checkpoint or the new one, never half of one. Each holds
+a sha256 of its content (`content_checksum`: every tensor's bytes, every number and key), checked
+on load, so a file changed on disk after it was written (a few flipped bits in a weight) is
+refused, not resumed; and its sections are checked (`check_sections`) before a resume touches any
+file of the run.
 
 This module writes, reads and checks the file (and the RNG streams in it); `fedexp.core.signals`
 stops a run on SIGINT/SIGTERM; `fedexp.core.resume` is the checkpointing callback, the restore,
@@ -21,6 +25,7 @@ and the config of a run dir to resume.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 from pathlib import Path
@@ -38,7 +43,7 @@ from fedexp.core.fingerprint import (  # noqa: F401 - config_hash is part of thi
 from fedexp.core.types import ConfigError
 
 CHECKPOINT_FILE = "checkpoint.pt"
-FORMAT_VERSION = 2  # 2: the config hash is of the resolved config, and the data digest is saved
+FORMAT_VERSION = 3  # 2: the resolved config's hash and the data digest; 3: a content checksum
 SAVEABLE_SCALARS = (bool, int, float, str, type(None))
 
 
@@ -69,12 +74,46 @@ def save_checkpoint(path: str | Path, payload: dict) -> None:
     """Write `payload` atomically: temp file in the same directory, fsync, rename."""
     path = Path(path)
     check_saveable(payload)
+    sealed = {**payload, "checksum": content_checksum(payload)}
     tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("wb") as f:
-        torch.save(payload, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with tmp.open("wb") as f:
+            torch.save(sealed, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as err:  # a full disk, a second stop signal: the previous one stays
+        tmp.unlink(missing_ok=True)
+        if isinstance(err, OSError) and err.filename is None:
+            err.filename = str(tmp)  # a failed write names no file by itself
+        raise
+
+
+def content_checksum(payload: dict) -> str:
+    """sha256 of a checkpoint's content (its `checksum` key left out): the dtype, shape and bytes
+    of every tensor, every number, string and key, in a fixed order; the same for a payload
+    and for that payload saved and loaded again, on any device."""
+    h = hashlib.sha256()
+
+    def feed(obj: Any) -> None:
+        if isinstance(obj, torch.Tensor):
+            flat = obj.detach().cpu().contiguous().reshape(-1)
+            h.update(f"T{flat.dtype}{tuple(obj.shape)};".encode())
+            h.update(flat.view(torch.uint8).numpy().tobytes())
+        elif isinstance(obj, dict):
+            h.update(f"D{len(obj)};".encode())
+            for key in sorted(obj, key=lambda k: (type(k).__name__, str(k))):
+                h.update(f"{key!r}:".encode())
+                feed(obj[key])
+        elif isinstance(obj, list | tuple):
+            h.update(f"L{len(obj)};".encode())
+            for item in obj:
+                feed(item)
+        else:
+            h.update(f"{type(obj).__name__}:{obj!r};".encode())
+
+    feed({k: v for k, v in payload.items() if k != "checksum"})
+    return h.hexdigest()
 
 
 def load_checkpoint(
@@ -92,13 +131,18 @@ def load_checkpoint(
             f"resume: {path} is not a readable checkpoint ({type(err).__name__}: {first[:120]})"
         ) from None
     version = payload.get("format") if isinstance(payload, dict) else None
-    if version == 1:
+    if isinstance(version, int) and 0 < version < FORMAT_VERSION:
         raise ConfigError(
-            f"resume: {path} was written by an older fedexp (checkpoint format 1), which did not "
-            "record the data it trained on; start the run again"
+            f"resume: {path} was written by an older fedexp (checkpoint format {version}), "
+            f"which this one cannot check (format {FORMAT_VERSION}); start the run again"
         )
     if version != FORMAT_VERSION:
         raise ConfigError(f"resume: {path} is not a fedexp checkpoint of format {FORMAT_VERSION}")
+    if payload.get("checksum") != content_checksum(payload):
+        raise ConfigError(
+            f"resume: {path} is damaged: its content does not match the checksum saved with it "
+            "(changed on disk since it was written); restore the file or start the run again"
+        )
     if expected_hash is not None and payload.get("config_hash") != expected_hash:
         diff = None
         if isinstance(expected_hash, ConfigDigest):
@@ -109,6 +153,44 @@ def load_checkpoint(
             f".hydra/config.yaml resolves to now (config hash mismatch{detail})"
         )
     return payload
+
+
+# what a resume reads of each section (`Checkpointer.restore`, `Orchestrator.load_state_dict`)
+SECTIONS: dict[str, Any] = {
+    "round": int,
+    "config_hash": str,
+    "data_digest": str,
+    "server": {"params": (torch.Tensor, type(None)), "buffers": dict},
+    "client_store": dict,
+    "orchestrator": {
+        "round": int,
+        "totals": dict,
+        "last_eval": dict,
+        "client_accs": dict,
+        "train_seconds": (int, float),
+    },
+    "components": dict,
+    "loggers": dict,
+    "rng": {"torch": torch.Tensor, "numpy": list, "python": list},
+}
+
+
+def check_sections(payload: dict, path: str | Path, spec: dict | None = None, at: str = "") -> None:
+    """Every section a resume reads is there with its type (a round is an int >= 0, ...); one
+    missing or of another type is a one-line ConfigError naming it."""
+    for key, kind in (SECTIONS if spec is None else spec).items():
+        where = f"{at}{key}"
+        if not isinstance(payload, dict) or key not in payload:
+            raise ConfigError(f"resume: {path} is damaged: it has no {where!r} section")
+        value = payload[key]
+        if isinstance(kind, dict):
+            check_sections(value, path, kind, f"{where}.")
+        elif not isinstance(value, kind) or isinstance(value, bool):
+            raise ConfigError(
+                f"resume: {path} is damaged: {where} is {type(value).__name__} {value!r:.40}"
+            )
+    if spec is None and (payload["round"] < 0 or payload["orchestrator"]["round"] < 0):
+        raise ConfigError(f"resume: {path} is damaged: round {payload['round']} < 0")
 
 
 def check_resumed_data(payload: dict | None, data: Any) -> None:

@@ -38,14 +38,27 @@ class ConfigDigest(str):
 
 
 def stable_config(cfg: DictConfig | Mapping) -> dict:
-    """The resolved config without the keys that do not change results."""
+    """The resolved config without the keys that do not change results, nor the keys that only
+    repeat one of them (`executor.device: ${device}`)."""
     if isinstance(cfg, DictConfig):
+        raw = OmegaConf.to_container(cfg, resolve=False)
         cfg = OmegaConf.to_container(cfg, resolve=True)
+        _drop_copies(cfg, raw)
     stable = {k: v for k, v in cfg.items() if k not in VOLATILE_KEYS}
     paths = stable.get("paths")
     if isinstance(paths, dict):  # caches only: their content is keyed by what it holds
         stable["paths"] = {k: v for k, v in paths.items() if k != "cache_dir"}
     return stable
+
+
+def _drop_copies(resolved: dict, raw: dict) -> None:
+    """Remove from `resolved` the keys whose raw value is `${<a volatile key>}`."""
+    copies = {"${" + key + "}" for key in VOLATILE_KEYS}
+    for key, value in raw.items():
+        if isinstance(value, str) and value.strip() in copies:
+            resolved.pop(key, None)
+        elif isinstance(value, dict) and isinstance(resolved.get(key), dict):
+            _drop_copies(resolved[key], value)
 
 
 def config_hash(cfg: DictConfig | Mapping) -> ConfigDigest:

@@ -9,7 +9,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+import torch
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from fedexp.core.callbacks import Callback, RoundReport
 from fedexp.core.checkpoint import (
@@ -128,6 +129,34 @@ class Checkpointer(Callback):
         if payload is not None:
             load_component_states(logger_names(self.loggers), payload.get("loggers", {}))
 
+    def check_restorable(self, payload: dict, algorithm) -> None:
+        """Everything `restore` will do, done once before any file of the run is touched: the
+        algorithm's state from `init_state()` next to the saved one (the same tensors, shapes
+        and dtypes), the client store, the components' states and the RNG streams loaded. A
+        checkpoint that does not fit is a one-line ConfigError; a resume then changes nothing."""
+        try:
+            fresh = algorithm.init_state()
+            server = payload["server"]
+            check_like(fresh.params, server["params"], "server.params", self.path)
+            for key in set(fresh.buffers) & set(server["buffers"]):
+                check_like(fresh.buffers[key], server["buffers"][key], f"buffers.{key}", self.path)
+            self.store.load_state_dict(payload["client_store"])
+            load_component_states(self.components, payload["components"])
+            state = ServerState(params=server["params"], buffers=dict(server["buffers"]))
+            on_resume = getattr(algorithm, "on_resume", None)
+            if callable(on_resume):
+                on_resume(state)
+            now = rng_state()
+            set_rng_state(payload["rng"])
+            set_rng_state(now)
+        except ConfigError:
+            raise
+        except Exception as err:
+            first = (str(err).strip().splitlines() or [""])[0][:160]
+            raise ConfigError(
+                f"resume: {self.path} does not fit this run ({type(err).__name__}: {first})"
+            ) from None
+
     def restore(self, payload: dict, orch, algorithm) -> tuple[ServerState, int]:
         """Put a loaded checkpoint back; returns (server state, first round to run).
 
@@ -150,7 +179,64 @@ class Checkpointer(Callback):
         return state, int(payload["round"]) + 1
 
 
+def check_like(fresh: Any, saved: Any, where: str, path: Path) -> None:
+    """The saved value has the fresh one's structure: tensors of the same shape and dtype, the
+    same keys and lengths (other values are not compared)."""
+    if isinstance(fresh, torch.Tensor) or isinstance(saved, torch.Tensor):
+        ok = (
+            isinstance(fresh, torch.Tensor)
+            and isinstance(saved, torch.Tensor)
+            and fresh.shape == saved.shape
+            and fresh.dtype == saved.dtype
+        )
+        if not ok:
+            shape = lambda t: (  # noqa: E731
+                f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
+            )
+            raise ConfigError(
+                f"resume: {path} does not fit this run: {where} is {shape(saved)}, the "
+                f"model's is {shape(fresh)}"
+            )
+    elif isinstance(fresh, dict) and isinstance(saved, dict):
+        for key in set(fresh) & set(saved):
+            check_like(fresh[key], saved[key], f"{where}.{key}", path)
+    elif (
+        isinstance(fresh, list | tuple)
+        and isinstance(saved, list | tuple)
+        and len(fresh) == len(saved)
+    ):
+        for i, (a, b) in enumerate(zip(fresh, saved)):
+            check_like(a, b, f"{where}[{i}]", path)
+
+
+# the files of a run dir a resume reads, rewrites or appends to
+RUN_FILES = (
+    ".hydra/config.yaml",
+    ".hydra/hydra.yaml",
+    ".hydra/overrides.yaml",
+    CHECKPOINT_FILE,
+    "metrics.jsonl",
+    "metrics.csv",
+    "summary.json",
+    "partition_stats.csv",
+    "partition_labels.png",
+    "__main__.log",
+)
 RESUME_OVERRIDABLE = ("device", "threads", "progress", "checkpoint_every")
+
+
+def read_yaml(path: Path) -> DictConfig:
+    """A run dir's saved YAML mapping; anything else is a one-line ConfigError naming it."""
+    try:
+        cfg = OmegaConf.load(path)
+    except Exception as err:  # YAML syntax, undecodable bytes, unreadable file
+        first = (str(err).strip().splitlines() or [""])[0][:120]
+        raise ConfigError(
+            f"resume: {path} is not a readable config ({type(err).__name__}: {first})"
+        ) from None
+    if isinstance(cfg, ListConfig) or not isinstance(cfg, DictConfig):
+        raise ConfigError(f"resume: {path} is not a config (a mapping of keys)")
+    return cfg
 
 
 def load_run_config(
@@ -165,6 +251,9 @@ def load_run_config(
     cfg_path = run_dir / ".hydra" / "config.yaml"
     if not cfg_path.exists():
         raise ConfigError(f"resume: {run_dir} is not a run dir (no .hydra/config.yaml)")
+    for name in RUN_FILES:  # what a resume reads, rewrites or appends to
+        if (run_dir / name).exists() and not (run_dir / name).is_file():
+            raise ConfigError(f"resume: {run_dir / name} is not a file; the run dir is damaged")
     summary_path = run_dir / "summary.json"
     if summary_path.exists():
         try:
@@ -178,7 +267,7 @@ def load_run_config(
             f"resume: {run_dir} has no {CHECKPOINT_FILE} (stopped before its first checkpoint; "
             "checkpoint_every sets how often they are written)"
         )
-    cfg = OmegaConf.load(cfg_path)
+    cfg = read_yaml(cfg_path)
     for override in overrides:
         key, _, value = override.lstrip("+~").partition("=")
         if key not in RESUME_OVERRIDABLE:
@@ -191,7 +280,7 @@ def load_run_config(
     choices, group = {}, None
     hydra_path = run_dir / ".hydra" / "hydra.yaml"
     if hydra_path.exists():
-        hydra = OmegaConf.to_container(OmegaConf.load(hydra_path), resolve=False).get("hydra", {})
+        hydra = OmegaConf.to_container(read_yaml(hydra_path), resolve=False).get("hydra", {})
         runtime_choices = hydra.get("runtime", {}).get("choices", {})
         choices = {k: v for k, v in runtime_choices.items() if not k.startswith("hydra")}
         group = run_dir.parent.name if str(hydra.get("mode")) == "MULTIRUN" else None

@@ -28,7 +28,7 @@ from fedexp.errors import ConfigError
 
 LOCK_FILE = ".fedexp.lock"
 RESULT_FILES = ("metrics.jsonl", "summary.json", "checkpoint.pt")
-EXIT_CONFIG = 2
+EXIT_CONFIG, EXIT_FAILED = 2, 1
 
 _held: dict[Path, int] = {}  # run dir -> open lock fd, for this process
 _created: dict[Path, set[str] | None] = {}  # run dir -> names it held before (None: new dir)
@@ -43,12 +43,20 @@ def holds_results(run_dir: str | Path) -> list[str]:
 def claim(run_dir: str | Path, fresh: bool, key: str = "hydra.run.dir") -> Path:
     """Take the run dir's lock (creating the dir if needed); raise ConfigError if another process
     holds it or, for a `fresh` run, if the dir already holds results. Idempotent in a process."""
+    if run_dir is None or not str(run_dir).strip():
+        raise ConfigError(f"{key}: empty; give the run's own directory (not the current one)")
     run_dir = Path(run_dir).resolve()
     if run_dir not in _held:
-        existed = run_dir.is_dir()
-        before = {p.name for p in run_dir.iterdir()} if existed else None
-        run_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        from fedexp.core.config_values import check_directory
+
+        check_directory(key, run_dir)  # a file, or under a file
+        try:
+            existed = run_dir.is_dir()
+            before = {p.name for p in run_dir.iterdir()} if existed else None
+            run_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise ConfigError(f"{key}: cannot write into {run_dir} ({cause(err)})") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -58,8 +66,15 @@ def claim(run_dir: str | Path, fresh: bool, key: str = "hydra.run.dir") -> Path:
                 f"{key}: {run_dir} is being written by another fedexp process (pid {owner}); "
                 "wait for it to end or choose another dir"
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            probe_space(run_dir)
+        except OSError as err:
+            os.close(fd)
+            if before is None:  # this call made the dir: take it away again
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise ConfigError(f"{key}: cannot write into {run_dir} ({cause(err)})") from None
         _held[run_dir] = fd
         _created[run_dir] = before
     found = holds_results(run_dir) if fresh else []
@@ -70,6 +85,48 @@ def claim(run_dir: str | Path, fresh: bool, key: str = "hydra.run.dir") -> Path:
             f"continue it with resume={run_dir}, or choose another dir"
         )
     return run_dir
+
+
+PROBE_BYTES = 1 << 16  # more than Hydra writes into .hydra/ before a run starts
+
+
+def probe_space(run_dir: Path) -> None:
+    """Write, sync and remove a small file: a full disk or a read-only mount fails here, at
+    the start, not in the middle of a run's first files (raises OSError)."""
+    probe = run_dir / f".fedexp.probe-{os.getpid()}"
+    fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, bytes(PROBE_BYTES))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+        probe.unlink(missing_ok=True)
+
+
+def cause(err: OSError) -> str:
+    """`No space left on device`, `Read-only file system`, ... of an OSError."""
+    return err.strerror or type(err).__name__
+
+
+def os_error_line(err: OSError, run_dir: Path) -> str:
+    """`<path>: <cause>` of a failed file operation (`... (the run dir is gone)` if it is)."""
+    path = err.filename if err.filename is not None else run_dir
+    line = f"{path}: {err.strerror or one_line(err)}"
+    if not Path(run_dir).is_dir():
+        line += f" (the run dir {run_dir} is gone)"
+    return line
+
+
+def one_line(err: BaseException) -> str:
+    first = (str(err).strip().splitlines() or [""])[0]
+    return f"{type(err).__name__}: {first}" if first else type(err).__name__
+
+
+def resume_hint(run_dir: Path) -> str:
+    """How to continue a run that stopped: from its checkpoint, if it has one."""
+    if (Path(run_dir) / "checkpoint.pt").is_file():
+        return f"continue from its last checkpoint with: python -m fedexp resume={run_dir}"
+    return "no checkpoint was written, so the run cannot be resumed"
 
 
 def release(run_dir: str | Path) -> None:
@@ -106,7 +163,8 @@ def refuse(err: ConfigError) -> None:
 
 def sweep_status(sweep_dir: str | Path) -> int:
     """Exit code of a finished sweep from its jobs' summary.json: 2 if a job's config was refused,
-    else 0 (a diverged job is a result, recorded as such)."""
+    else 1 if a job failed while it ran, else 0 (a diverged job is a result, recorded as such)."""
+    code = 0
     for path in Path(sweep_dir).rglob("summary.json"):
         try:
             status = RunSummary.from_dict(json.loads(path.read_text())).status
@@ -114,7 +172,9 @@ def sweep_status(sweep_dir: str | Path) -> int:
             continue
         if status == "config_error":
             return EXIT_CONFIG
-    return 0
+        if status == "failed":
+            code = EXIT_FAILED
+    return code
 
 
 try:

@@ -1,5 +1,6 @@
 """Stop a run cleanly on SIGINT/SIGTERM: the round finishes, a checkpoint is written, the run
-stops with `Interrupted`; a second signal stops at once."""
+stops with `Interrupted`; a second signal stops at once with `StoppedAtOnce` (the CLI exits
+128 + the signal's number, naming the checkpoint to resume from)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,16 @@ class Interrupted(RuntimeError):
         self.signum = signum
 
 
+class StoppedAtOnce(BaseException):
+    """A second SIGINT/SIGTERM arrived during the graceful stop: the run ends where it is (the
+    checkpoint on disk, if any, is the last complete one). A BaseException, as
+    KeyboardInterrupt is, so that no `except Exception` of a component swallows it."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped at once by a second {signal.Signals(signum).name}")
+        self.signum = signum
+
+
 class StopSignals:
     """First SIGINT/SIGTERM: finish the round, checkpoint, stop. Second: stop at once."""
 
@@ -29,7 +40,7 @@ class StopSignals:
 
     def _handle(self, signum, frame) -> None:
         if self.requested is not None:
-            raise KeyboardInterrupt
+            raise StoppedAtOnce(signum)
         self.requested = signum
         log.warning(
             "%s: stopping after this round with a checkpoint (again to stop at once)",

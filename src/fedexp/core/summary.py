@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-STATUSES = ("completed", "diverged", "interrupted", "pruned", "config_error")
+STATUSES = ("completed", "diverged", "interrupted", "pruned", "config_error", "failed")
+REFUSED = ("config_error", "failed")  # statuses whose summary holds only the error
 
 
 @dataclass(frozen=True)
@@ -31,10 +32,11 @@ class RunSummary:
     """A run's summary.
 
     Attributes:
-        status: completed, diverged, interrupted, pruned (by an Optuna pruner), or config_error
-            (a sweep job refused before building anything; then only `error`,
+        status: completed, diverged, interrupted, pruned (by an Optuna pruner), config_error
+            (a sweep job refused before building anything) or failed (a sweep job that raised
+            while it ran: a full disk, a bug); for the last two only `error`,
             `rounds_completed`, `metrics`, `choices` and `config` are meaningful, and only
-            they are written).
+            they are written.
         rounds_completed: rounds run to the end (a diverged round is not).
         metrics: the metrics of the last evaluated round (no time/*), data coverage and
             runtime/threads.
@@ -48,7 +50,7 @@ class RunSummary:
         client_acc: per-client final accuracies (lists per kind).
         describe: facts the algorithm and attack report about themselves.
         timing: wall time and mean round time.
-        error: the refusal of a config_error job.
+        error: the refusal of a config_error job, the cause of a failed one (one line).
     """
 
     status: str
@@ -79,7 +81,7 @@ class RunSummary:
             "choices": dict(self.choices),
             "config": dict(self.config),
         }
-        if self.status == "config_error":
+        if self.status in REFUSED:
             return {**out, "error": self.error}
         objective = self.objective or Objective("")
         timing = self.timing or Timing(0.0, 0.0)

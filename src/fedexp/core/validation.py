@@ -121,8 +121,8 @@ def validate_data(cfg: DictConfig, data: Any) -> None:
 
 # ---- types and ranges ---------------------------------------------------------------------------
 # run scalars and client settings (no `_target_` to read them from): key -> (type, bound)
-SCALARS: dict[str, tuple[Any, tuple[str, float] | None]] = {
-    "seed": (int, (">=", 0)),
+SCALARS: dict[str, tuple[Any, tuple | None]] = {
+    "seed": (int, ((">=", 0), ("<", 2**63))),  # torch and numpy seeds take 64-bit signed ints
     "rounds": (int, (">=", 1)),
     "num_clients": (int, (">=", 1)),
     "clients_per_round": (int, (">=", 1)),
@@ -141,7 +141,7 @@ SCALARS: dict[str, tuple[Any, tuple[str, float] | None]] = {
     "partition.test_fraction": (float, (">=", 0)),
     "partition.classes_per_client": (int, (">=", 1)),
 }
-_BOUNDS = {">=": operator.ge, ">": operator.gt}
+_BOUNDS = {">=": operator.ge, ">": operator.gt, "<": operator.lt}
 _SEQUENCES = (list, tuple, Sequence)
 
 
@@ -198,24 +198,25 @@ def describe(ann: Any) -> str:
     return getattr(ann, "__name__", str(ann))
 
 
-def check_value(key: str, value: Any, ann: Any, bound: tuple[str, float] | None = None) -> None:
-    """Raise ConfigError `key: must be <type>, got <value>` (or the bound it breaks)."""
+def check_value(key: str, value: Any, ann: Any, bound: tuple | None = None) -> None:
+    """Raise ConfigError `key: must be <type>, got <value>` (or the bound it breaks); `bound`:
+    `(op, limit)` or a tuple of them (`((">=", 0), ("<", 2**63))`)."""
     if not fits(value, ann):
         raise ConfigError(f"{key}: must be {describe(ann)}, got {value!r}")
-    if bound is not None and value is not None and not _BOUNDS[bound[0]](value, bound[1]):
-        raise ConfigError(f"{key}: must be {bound[0]} {bound[1]}, got {value!r}")
+    bounds = (bound,) if bound is not None and isinstance(bound[0], str) else bound or ()
+    for op, limit in bounds:
+        if value is not None and not _BOUNDS[op](value, limit):
+            shown = "2**63" if limit == 2**63 else limit
+            raise ConfigError(f"{key}: must be {op} {shown}, got {value!r}")
 
 
 def check_types(cfg: DictConfig) -> None:
     """Types and ranges of the run scalars (`SCALARS`), then of every component's options
     against its target's annotations; raises ConfigError."""
     from fedexp.core.config import annotations_of
+    from fedexp.core.config_values import check_config_values
 
-    missing = object()
-    for key, (ann, bound) in SCALARS.items():
-        value = OmegaConf.select(cfg, key, default=missing)
-        if value is not missing:
-            check_value(key, value, ann, bound)
+    check_config_values(cfg)  # resolves, required keys, the scalars, finite numbers, dirs
     nodes = [(key, obj, OmegaConf.select(cfg, key)) for key, obj in components(cfg)]
     for key, obj, node in nodes:
         anns = annotations_of(obj)

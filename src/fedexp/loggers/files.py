@@ -68,8 +68,12 @@ class RunRecorder(Logger):
             write_text_atomic(self.path, "".join(line + "\n" for line in keep))
 
     def log_metrics(self, metrics: dict, step: int) -> None:
-        with self.path.open("a") as f:
-            f.write(json.dumps({k: _clean(v) for k, v in metrics.items()}) + "\n")
+        try:
+            with self.path.open("a") as f:
+                f.write(json.dumps({k: _clean(v) for k, v in metrics.items()}) + "\n")
+        except OSError as err:  # a full disk: a failed write names no file by itself
+            err.filename = err.filename or str(self.path)
+            raise
 
     def finish(self, summary: RunSummary) -> None:
         self.write_summary(summary)
