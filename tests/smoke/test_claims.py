@@ -294,7 +294,7 @@ def test_vary_runs_the_claim_once_per_value_and_tabulates_each_verdict(tmp_path,
     rows = [line for line in text.splitlines() if line.startswith("| 6.")]
     assert rows[0].endswith("| no: not FRL drop < trimmed-mean drop |")
     assert rows[1].endswith("| yes |")
-    assert (out / "clients_per_round=40" / "claims.json").is_file()
+    assert (out / "clients_per_round-40" / "claims.json").is_file()
     assert main(["--vary", "clients_per_round", "--out", str(out)]) == 2
 
 

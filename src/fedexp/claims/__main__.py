@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import time
@@ -201,13 +202,20 @@ def main(argv: list[str] | None = None) -> int:
     start, codes, tables = time.perf_counter(), [], []
     for extra in variants:
         args_v = argparse.Namespace(**{**vars(args), "override": [*args.override, extra]})
-        codes.append(check(argv, args_v, claims, known, users, out / extra))
-        tables.append((extra, json.loads((out / extra / "claims.json").read_text())))
+        sub = out / vary_dir(extra)
+        codes.append(check(argv, args_v, claims, known, users, sub))
+        tables.append((extra, json.loads((sub / "claims.json").read_text())))
     text = vary_markdown(argv, args, tables, time.perf_counter() - start)
     (out / "vary.md").write_text(text)
     print(text)
     print(f"fedexp.claims: wrote {out / 'vary.md'}", flush=True)
     return max(codes)
+
+
+def vary_dir(extra: str) -> str:
+    """The output sub-dir of one value: `KEY-VALUE` with every character Hydra's override
+    grammar or a path would read (`=`, `/`, quotes, brackets, commas, spaces) as `-`."""
+    return re.sub(r"[^A-Za-z0-9_.+-]", "-", extra)
 
 
 def vary_markdown(argv, args, tables: list[tuple[str, dict]], wall: float) -> str:
