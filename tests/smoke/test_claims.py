@@ -139,11 +139,13 @@ def test_paper_tier_keeps_the_compared_terms_and_renumbers_the_relations():
     claims, settings = tier("paper")
     by_id = {c.id: c for c in claims}
     # claim 7 (the ledger's identity) needs FedAvg's clean run, which the tier does not define
-    assert "7" not in by_id and {"1", "2", "4", "6", "8", "9", "10"} <= set(by_id)
-    # claim 2 keeps η0 = 0.01 and 0 (the other values are the small tier's sweep)
-    two = by_id["2"]
-    assert [t.setting for t in two.terms] == ["shards-fedhenn-het", "shards-fedhenn-het-eta0"]
-    assert two.relations == ((0, ">", 1),)
+    assert "7" not in by_id and {"1", "4", "6", "8", "9", "10"} <= set(by_id)
+    # claim 2 (heterogeneous clients) is the small tier's alone; claim 9 keeps η0 = 0.01 and 0
+    # (the other values are the small tier's sweep)
+    assert "2" not in by_id
+    nine = by_id["9"]
+    assert [t.setting for t in nine.terms] == ["shards-fedhenn", "shards-fedhenn-eta0"]
+    assert nine.relations == ((0, ">", 1),)
     # claim 4 runs on the multimodal split there
     assert [t.setting for t in by_id["4"].terms] == ["multimodal-waffle", "multimodal-fedavg"]
     assert "multimodal" in by_id["4"].text
