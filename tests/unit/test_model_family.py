@@ -72,3 +72,12 @@ def test_mlp_family_spreads_depth_and_width_from_the_smallest_to_the_largest():
         mlp_family((40,), 10, num_archs=7, hidden=(200, 200, 200), arch=0)
     with pytest.raises(ConfigError, match="mlp_family is a family"):
         mlp_family((40,), 10, num_archs=5, hidden=(200,))
+
+
+def test_auto_family_is_the_mlp_family_for_flat_inputs_and_the_cnn_family_for_images():
+    from fedexp.core.config import default_family
+
+    flat = default_family("auto", {"input_shape": (40,), "num_classes": 10})
+    images = default_family("auto", {"input_shape": (1, 8, 8), "num_classes": 10})
+    assert flat.func.__name__ == "mlp_family" and images.func.__name__ == "cnn_family"
+    assert flat(arch=0)(torch.zeros(2, 40)).shape == (2, 10)

@@ -73,10 +73,15 @@ def default_family(name: str, data_args: dict) -> Callable:
 
     Lets a heterogeneous algorithm run on the defaults when the chosen model is one architecture.
     `auto`: `lstm_family` when the data are token sequences (the dataset gives `vocab_size`),
-    else `cnn_family`.
+    `mlp_family` for flat inputs (an `input_shape` of one dimension, e.g. MNIST-1D), else
+    `cnn_family`.
     """
     if name == "auto":
-        name = "lstm_family" if "vocab_size" in data_args else "cnn_family"
+        if "vocab_size" in data_args:
+            name = "lstm_family"
+        else:
+            flat = len(tuple(data_args.get("input_shape", ()))) == 1
+            name = "mlp_family" if flat else "cnn_family"
     path = Path(find_conf()) / "model" / f"{name}.yaml"
     if not path.exists():
         raise ConfigError(f"algorithm.default_family: no model config {name!r}")
