@@ -24,6 +24,7 @@ SKIP_GROUPS |= {"attack_paper"}
 REQUIRES: dict[tuple[str, str], tuple[str, ...]] = {
     ("partition", "natural"): ("dataset=synthetic",),
     ("model", "cnn_family"): ("algorithm=fedhenn", "algorithm.variant=heterogeneous"),
+    ("model", "mlp_family"): ("algorithm=fedhenn", "algorithm.variant=heterogeneous"),
     ("model", "lstm"): ("dataset=sent140",),
     ("dataset", "hf"): ("dataset.path=someone/images", "dataset.image_key=img"),
     ("dataset", "mnist1d"): ("dataset.num_samples=400",),  # the default takes minutes

@@ -54,6 +54,7 @@ def test_docs_module_under_fedavg_and_fedprox(mnist_cli):
         assert 0 < row["client/train_loss"] < row["train/loss"]
 
 
+@pytest.mark.slow  # two CLI runs (~30 s); make test-full
 def test_fedrep_needs_a_head_and_a_body(mnist_cli):
     proc = mnist_cli(
         "rep", "model._target_=lightning_docs_model.LitModel", "algorithm=fedrep", check=False

@@ -13,6 +13,7 @@ CONF = REPO / "conf"
 PRESETS = sorted(p.stem for p in (CONF / "experiment").glob("waffle_*.yaml"))
 
 
+@pytest.mark.slow  # a two-job CLI multirun (~35 s); every MIA: test_mia_all_algorithms
 def test_waffle_and_fedavg_on_multimodal_with_the_mia_audit(cli):
     cli(
         "algorithm=fedavg,waffle",
