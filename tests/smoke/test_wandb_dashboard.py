@@ -104,6 +104,7 @@ def test_the_partition_statistics_are_a_table(sweep):
     assert table["nrows"] == len(stats) - 1 == 6 and table["ncols"] == len(stats[0].split(","))
 
 
+@pytest.mark.slow  # three W&B CLI runs (~40 s); make test-full
 def test_the_console_is_quiet_unless_verbose_and_the_checkpoint_is_an_artifact(cli):
     loud = {"WANDB_SILENT": "false"}  # W&B's own default: a dozen `wandb:` lines a job
     quiet = cli("debug=smoke", "logger=wandb", "hydra.run.dir=q", env=loud)
