@@ -30,7 +30,7 @@ ATTACK20 = ("attack=frl_paper", "attack.fraction=0.2")
 
 # FRL: frl_mnist_dir1 (the paper's MNIST protocol) on MNIST-1D; 48 samples a client
 FRL = ("experiment=frl_mnist_dir1", *MNIST1D, "~model.bias", "rounds=150", "eval_every=50")
-# WAFFLe's multimodal split: 100 : 20 clients of 2 classes, equal samples (20 000 generated)
+# WAFFLe's multimodal split: 100 : 20 clients of 2 classes, 78 samples each (20 000 generated)
 WAFFLE = (
     "experiment=waffle_mnist_multimodal",
     *MNIST1D,
@@ -38,7 +38,7 @@ WAFFLE = (
     "rounds=60",
     "eval_every=20",
 )
-# WAFFLe's MIA: 40 iid clients of ~316 training samples, 5 epochs a round
+# WAFFLe's MIA: 40 iid clients of 276 training samples (395 with test and validation), E = 5
 MIA = (
     "experiment=waffle_cifar10_mia",
     *MNIST1D,
@@ -47,7 +47,7 @@ MIA = (
     "eval_every=15",
     "privacy.num_targets=4",
 )
-# FedHeNN: 100 clients of 5-class shards (70 samples each), 10 a round, E = 20; a RAD of 200
+# FedHeNN: 100 clients of 5-class shards (70 samples, 49 to train), 10 a round, E = 20; RAD 200
 # re-drawn every round from a pool of 1 000
 FEDHENN = (
     "experiment=fedhenn_cifar10_homogeneous",
