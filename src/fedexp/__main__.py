@@ -43,7 +43,7 @@ TABLE_KEYS = (
 # change a result (any key under them too)
 TITLED = ("algorithm", "dataset")
 UNTITLED = ("progress", "device", "logger", "paths", "resume", "threads", "checkpoint_every")
-UNTITLED += ("client_store", "hydra")
+UNTITLED += ("client_store", "hydra", "progress_every_s")
 
 
 def run_title(choices: dict, overrides: list[str] | tuple[str, ...] = ()) -> str:
@@ -199,7 +199,8 @@ def _execute(
     from fedexp.loggers.progress import ProgressBar, progress_callbacks
 
     output_rank = is_output_rank()  # under torchrun only rank 0 logs and prints
-    progress = progress_callbacks(cfg.rounds, experiment.objective, bool(cfg.progress))
+    every_s = OmegaConf.select(cfg, "progress_every_s", default=None)  # absent: an older run dir
+    progress = progress_callbacks(cfg.rounds, experiment.objective, bool(cfg.progress), every_s)
     loggers = [*loggers, *progress] if output_rank else []
     bar = progress[0] if output_rank and isinstance(progress[0], ProgressBar) else None
     try:
@@ -321,7 +322,8 @@ LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # Hydra's, 
 
 
 def resume_main(args: list[str]) -> None:
-    """`python -m fedexp resume=<run dir> [device=... progress=... checkpoint_every=...]`."""
+    """`python -m fedexp resume=<run dir> [device=... progress=... checkpoint_every=...]` (any
+    of `RESUME_OVERRIDABLE`)."""
     from fedexp.core.resume import load_run_config
     from fedexp.core.run_dir import claim, refuse
 

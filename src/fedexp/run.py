@@ -49,6 +49,8 @@ from fedexp.data.federated import FederatedData
 from fedexp.data.partition_report import write_partition_stats
 from fedexp.data.server_pool import reserve_server_pool
 from fedexp.loggers.files import RunRecorder
+from fedexp.loggers.progress import run_label
+from fedexp.loggers.wandb_labels import swept_values
 
 log = logging.getLogger(__name__)
 
@@ -339,7 +341,7 @@ def run(
     info = RunInfo(
         run_dir=c.run_dir,
         config=OmegaConf.to_container(cfg, resolve=True),
-        run_name=f"{choices.get('algorithm')}-{choices.get('dataset')}-s{cfg.seed}",
+        run_name=run_label(choices, cfg.seed, swept_values(c.run_dir)),
         group=group,
         rounds=cfg.rounds,
         # rounds logged after the checkpoint are run (and logged) again

@@ -1,5 +1,6 @@
 """Through the CLI: a sweep ends with its grouped table and report, a run shows plain progress
-lines when stdout is not a terminal, and an Optuna search prints no set-up chatter."""
+lines when stdout is not a terminal (a sweep's prefixed with the swept values), and an Optuna
+search prints no set-up chatter."""
 
 from __future__ import annotations
 
@@ -42,6 +43,10 @@ def test_a_sweep_prints_its_grouped_table_and_writes_its_report(tmp_path, monkey
         cell = f"{statistics.fmean(values):.4f} ± {statistics.stdev(values):.4f}"
         row = next(ln for ln in out.splitlines() if f"lr={lr} " in ln and "±" in ln)
         assert cell in row, (cell, row)
+    for job in (tmp_path / "sweep").glob("[0-9]"):  # progress lines name the swept values
+        config = json.loads((job / "summary.json").read_text())["config"]
+        prefix = f"[fedavg-digits-lr{config['client']['lr']}-s{config['seed']}] round 2/2  "
+        assert prefix in (job / "__main__.log").read_text()
 
 
 def test_the_sweep_summary_can_be_turned_off(tmp_path, monkeypatch, capsys):
@@ -51,12 +56,17 @@ def test_the_sweep_summary_can_be_turned_off(tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "sweep" / "report").exists()
 
 
-def test_off_a_terminal_a_run_prints_a_line_per_evaluated_round(tmp_path):
+def test_off_a_terminal_a_run_prints_progress_lines_and_logs_every_round(tmp_path):
     proc = run_cli(*SMOKE, "progress=true", "rounds=3", "eval_every=2", "client.lr=0.05",
-                   "hydra.run.dir=run", cwd=tmp_path)  # fmt: skip
+                   "progress_every_s=0", "hydra.run.dir=run", cwd=tmp_path)  # fmt: skip
     lines = [line for line in proc.stdout.splitlines() if line.startswith("round ")]
-    assert [line.split("  ")[0] for line in lines] == ["round 2/3", "round 3/3"]  # evaluated
-    assert all(" s/round  ETA " in line and "eval/val/global/acc " in line for line in lines)
+    # progress_every_s=0: a line every round; the objective on evaluated rounds (2, 3)
+    assert [line.split("  ")[0] for line in lines] == ["round 1/3", "round 2/3", "round 3/3"]
+    assert all(" s/round  ETA " in line and "train/loss " in line for line in lines)
+    assert ["eval/val/global/acc " in line for line in lines] == [False, True, True]
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["round"], "train/loss" in r, "time/round_s" in r) for r in rows] == [
+        (1, True, True), (2, True, True), (3, True, True)]  # fmt: skip
     assert "fedavg on digits (debug=smoke" in proc.stdout  # the final table names the run
     assert "client.lr=0.05" in proc.stdout and "best objective (round " in proc.stdout
     log = (tmp_path / "run" / "__main__.log").read_text()

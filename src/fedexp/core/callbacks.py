@@ -41,7 +41,8 @@ class RunInfo:
     Attributes:
         run_dir: the run directory.
         config: the resolved config, as plain containers.
-        run_name: the run's display name (algorithm-dataset-seed).
+        run_name: the run's display name (`fedexp.loggers.progress.run_label`: algorithm,
+            dataset, the values a sweep varies, seed).
         group: the multirun sweep's name (None for a single run).
         rounds: the last round of the run.
         resumed_from_round: the checkpoint's round on resume (rounds after it run again), else None.
@@ -66,7 +67,7 @@ class RoundReport:
         last_round: the last round of the run.
         metrics: the round's metrics (on an evaluation round, the evaluation's and, in
             `on_round_end`, whatever `on_evaluate` callbacks added).
-        evaluated: whether the round was evaluated (then loggers record it).
+        evaluated: whether the round was evaluated (then its metrics include the evaluation's).
         state: the server state after the round (callbacks must not modify it).
         client_accs: per-client accuracies of the latest evaluation (`summary.json` client_acc).
         loop_state: the round loop's resumable state after the round (`Orchestrator.state_dict`).

@@ -19,7 +19,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 # keys that may differ between a run and its resumption without changing any result
-VOLATILE_KEYS = ("resume", "progress", "device", "threads", "checkpoint_every", "client_store")
+VOLATILE_KEYS = ("resume", "progress", "progress_every_s", "device", "threads", "checkpoint_every")
+VOLATILE_KEYS += ("client_store",)
 INPUT_SAMPLE = 512  # training inputs hashed (evenly spaced): enough to tell two datasets apart
 
 

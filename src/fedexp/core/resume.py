@@ -222,7 +222,7 @@ RUN_FILES = (
     "partition_labels.png",
     "__main__.log",
 )
-RESUME_OVERRIDABLE = ("device", "threads", "progress", "checkpoint_every")
+RESUME_OVERRIDABLE = ("device", "threads", "progress", "progress_every_s", "checkpoint_every")
 
 
 def read_yaml(path: Path) -> DictConfig:

@@ -1,4 +1,4 @@
-"""`Logger`: a run callback that records evaluated rounds; subclasses write one format."""
+"""`Logger`: a run callback that records every round; subclasses write one format."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ class Logger(Callback):
 
     `on_run_start`: on resume, cut the log back to the checkpoint's round (`truncate`: those
     rounds run and are logged again), then `start` and log the files written before the first
-    round; `on_round_end`: `log_metrics` of each evaluated round; `on_run_end`: `finish`.
+    round; `on_round_end`: `log_metrics` of every round (the training metrics, `train/loss`,
+    `comm/*`, `time/*`, ...; an evaluated round's also the evaluation's); `on_run_end`: `finish`.
     """
 
     def on_run_start(self, info: RunInfo) -> None:
@@ -24,8 +25,7 @@ class Logger(Callback):
             self.log_artifact(path, kind)
 
     def on_round_end(self, report: RoundReport) -> None:
-        if report.evaluated:
-            self.log_metrics(dict(report.metrics), step=report.round)
+        self.log_metrics(dict(report.metrics), step=report.round)
 
     def on_run_end(self, summary: RunSummary) -> None:
         self.finish(summary)
@@ -37,7 +37,7 @@ class Logger(Callback):
         """Open the log (config: the resolved run config)."""
 
     def log_metrics(self, metrics: dict, step: int) -> None:
-        """Record one evaluated round's metrics."""
+        """Record one round's metrics."""
 
     def log_artifact(self, path: str | Path, kind: str) -> None:
         """Record a file (a PNG plot, a CSV table)."""

@@ -54,7 +54,8 @@ def _csv_round(line: str, col: int) -> float:
 
 
 class RunRecorder(Logger):
-    """metrics.jsonl (one line per evaluated round) and summary.json."""
+    """metrics.jsonl (one line per round; the evaluation's metrics on evaluated rounds) and
+    summary.json."""
 
     def __init__(self, run_dir: str | Path):
         self.run_dir = Path(run_dir)
@@ -83,9 +84,10 @@ class RunRecorder(Logger):
 
 
 class CSVLogger(Logger):
-    """metrics.csv: one row per evaluated round. A metric that first appears in a later round
-    (an audit at the last evaluation, say) widens the table: the file is rewritten once with the
-    new header, earlier rows left blank in the new columns."""
+    """metrics.csv: one row per round. A metric that first appears in a later round (the
+    evaluation's on the first evaluated round, an audit at the last evaluation) widens the
+    table: the file is rewritten once with the new header, earlier rows left blank in the new
+    columns."""
 
     def __init__(self, run_dir: str | Path):
         self.path = Path(run_dir) / "metrics.csv"

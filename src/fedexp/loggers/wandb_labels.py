@@ -10,6 +10,8 @@ run it continues.
 - name: the algorithm, the overrides that differ between the jobs of the sweep (all the
   overrides for a single run) and the seed (`fedprox mu=0.01 s1`).
 - job_type: the algorithm. Tags: `sweep:<name>`, `experiment:<preset>`, `dataset:<name>`.
+
+`swept_values` gives the values a sweep varies to the progress lines' run label too.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 # overrides that never change results (or are the seeds being pooled): not in group or name
-NOT_A_SETTING = ("seed", "hydra", "logger", "progress", "device", "threads", "paths", "resume")
+NOT_A_SETTING = ("seed", "hydra", "logger", "progress", "progress_every_s", "device", "threads")
+NOT_A_SETTING += ("paths", "resume")
 NOT_A_SETTING += ("checkpoint_every", "client_store", "hparams_search", "objective")
 # choices shown after the overrides, in this order, whether overridden or not
 TRAILING = ("dataset", "partition")
@@ -153,3 +156,21 @@ def labels_from_run_dir(run_dir: str | Path, seed: Any) -> WandbLabels | None:
         tags=tuple(t[:MAX_TAG] for t in tags),
         config={"choices": choices, "overrides": overrides},
     )
+
+
+def swept_values(run_dir: str | Path) -> list[tuple[str, str]]:
+    """(short key, value as shown) of each value the sweep of the job in `run_dir` varies: its
+    overrides with sweep syntax and Optuna's searched params, then a swept partition (`partition`,
+    its choice); the algorithm, dataset and seed left out. [] outside a multirun."""
+    run_dir = Path(run_dir)
+    hydra = _load(run_dir / ".hydra" / "hydra.yaml")
+    if str(hydra.get("mode")) != "MULTIRUN":
+        return []
+    choices = (hydra.get("runtime") or {}).get("choices") or {}
+    overrides = list((hydra.get("overrides") or {}).get("task") or [])
+    sweep = _load(run_dir.parent / "multirun.yaml")
+    sweep_overrides = list((sweep.get("overrides") or {}).get("task") or [])
+    keys = sweep_keys(sweep_overrides, (hydra.get("sweeper") or {}).get("params"))
+    pairs = [tuple(word.split("=", 1)) for word in _words(overrides, choices, keys)]
+    swept = [k for k in TRAILING if k != "dataset" and k in keys and choices.get(k)]
+    return [*pairs, *((k, str(choices[k])) for k in swept)]

@@ -46,7 +46,7 @@ def _number(text: str):
 
 
 class WandbLogger(Logger):
-    """Logs evaluated rounds to a W&B run (offline without an API key).
+    """Logs every round to a W&B run (offline without an API key).
 
     Args:
         run_dir: the run directory (W&B writes its `wandb/` folder there).
@@ -166,12 +166,11 @@ class WandbLogger(Logger):
             self._guard("define_metric", self.run.define_metric, "*", step_metric="round")
 
     def on_round_end(self, report: RoundReport) -> None:
-        """An evaluated round's metrics, with a histogram of each kind of per-client accuracy
-        (`eval/global/client_acc_hist`, `eval/personal/acc_hist`) in the same row."""
-        if not report.evaluated:
-            return
+        """Every round's metrics; an evaluated round's with a histogram of each kind of
+        per-client accuracy (`eval/global/client_acc_hist`, `eval/personal/acc_hist`) in the
+        same row."""
         metrics = {"round": report.round, **report.metrics}
-        if self.run is not None:
+        if self.run is not None and report.evaluated:
             for kind, accs in report.client_accs.items():
                 hist = self._guard("histogram", self.histogram, accs)
                 if hist is not None:
