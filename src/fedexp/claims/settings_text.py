@@ -39,7 +39,16 @@ ESSENTIALS = (
 )
 # keys that do not change what a run computes, or name what `choices` already names
 _IGNORED_PREFIXES = ("paths.", "logger.", "client_store.", "executor.", "eval.")
-_IGNORED = {"seed", "progress", "checkpoint_every", "resume", "device", "threads", "objective", "progress_every_s"}
+_IGNORED = {
+    "seed",
+    "progress",
+    "checkpoint_every",
+    "resume",
+    "device",
+    "threads",
+    "objective",
+    "progress_every_s",
+}
 GROUPS = (
     "algorithm",
     "dataset",
