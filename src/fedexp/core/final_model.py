@@ -159,6 +159,7 @@ def save_final_models(
     factory = algorithm.ctx.model_factory
     model = algorithm.global_model(state)
     record = model_record(model) if model is not None else {"state_dict": None, "attrs": {}}
+    (run_dir / MODEL_FILE).unlink(missing_ok=True)  # an older one never names newer files
     personal = _write_personal(run_dir, algorithm, state, num_clients, store.max_bytes)
     if personal is None:
         shutil.rmtree(run_dir / PERSONAL_DIR, ignore_errors=True)  # an older run's
