@@ -7,9 +7,10 @@ global and personal models are evaluated exactly as a run evaluates them
 (`fedexp.core.evaluation.evaluate`): the same metric names (`eval/global/acc`,
 `eval/personal/acc_mean`, ...; `eval/val/...` with `split=val`), and on the run's own data the
 same values as the run's final evaluation. They go to `<run dir>/evaluate/<split>.json`
-(`<split>-<dataset>.json` with `dataset=`) and into a table. `dataset=<name>` evaluates on
-another dataset of conf/dataset (its `dataset` node; the run's model, partition and seed), and
-`dataset.<key>=<value>` changes one option of it. Bad input is one line on stderr, exit 2.
+(`<split>-<tag>.json` on other data: `dataset=<name>` evaluates on another dataset of
+conf/dataset, its `dataset` node with the run's model, partition and seed, and
+`dataset.<key>=<value>` changes one option of the data; the tag is `<name>` and
+`<key>=<value>` joined by `-`) and into a table. Bad input is one line on stderr, exit 2.
 """
 
 from __future__ import annotations
@@ -139,7 +140,9 @@ def parse_args(args: list[str]) -> tuple[Path, str, list[str]]:
 
 
 def run_config(run_dir: Path, overrides: list[str] = ()) -> tuple[DictConfig, str | None]:
-    """The run's saved config with `overrides` applied; returns (config, dataset name or None)."""
+    """The run's saved config with `overrides` applied (`dataset=<name>` first, then the keys);
+    returns (config, the data's tag: `<name>` and `<key>=<value>` of the dataset overrides,
+    joined by `-`; None on the run's own data)."""
     path = run_dir / ".hydra" / "config.yaml"
     if not path.is_file():
         raise ConfigError(f"{run_dir} is not a run dir (no .hydra/config.yaml)")
@@ -147,25 +150,25 @@ def run_config(run_dir: Path, overrides: list[str] = ()) -> tuple[DictConfig, st
         cfg = OmegaConf.load(path)
     except Exception as err:
         raise ConfigError(f"{path} is not a readable config ({type(err).__name__})") from None
-    dataset = None
-    for override in overrides:
-        key, _, value = override.partition("=")
-        if key == "dataset":
-            node = Path(find_conf()) / "dataset" / f"{value}.yaml"
-            if not node.is_file():
-                names = sorted(p.stem for p in node.parent.glob("*.yaml"))
-                raise ConfigError(f"dataset: no dataset {value!r} (one of {', '.join(names)})")
-            cfg.dataset = OmegaConf.load(node).dataset
-            dataset = value
-        else:
-            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([override]))
-            if key.startswith("dataset."):
-                dataset = dataset or "dataset"
-    return cfg, dataset
+    named = [o for o in overrides if o.partition("=")[0] == "dataset"]
+    tag = []
+    for override in named[-1:]:
+        value = override.partition("=")[2]
+        node = Path(find_conf()) / "dataset" / f"{value}.yaml"
+        if not node.is_file():
+            names = sorted(p.stem for p in node.parent.glob("*.yaml"))
+            raise ConfigError(f"dataset: no dataset {value!r} (one of {', '.join(names)})")
+        cfg.dataset = OmegaConf.load(node).dataset
+        tag.append(value)
+    for override in (o for o in overrides if o.partition("=")[0] != "dataset"):
+        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([override]))
+        if override.startswith("dataset."):
+            tag.append(override.removeprefix("dataset.").replace("/", "_"))
+    return cfg, "-".join(tag) or None
 
 
 def open_run(run_dir: str | Path, overrides: list[str] = ()):
-    """(config, components, `SavedModels`, dataset name or None) of a run dir's final models,
+    """(config, components, `SavedModels`, the data's tag or None) of a run dir's final models,
     its components rebuilt from its saved config with `overrides`; a one-line ConfigError when
     it is not a run dir, has no (readable) model.pt, or was written for another config."""
     from fedexp.run import build_components

@@ -218,6 +218,20 @@ def test_bad_input_is_one_line_and_exit_2(runs, tmp_path, capsys):
     assert err == f"fedexp.evaluate: error: {bare} has no model.pt (a run writes it when it ends)\n"
 
 
+def test_other_data_goes_to_a_file_of_its_own(runs, capsys):
+    run_dir, summary = runs("fedavg")
+    metrics, report = evaluate_run(run_dir, "test", ["dataset.test_fraction=0.3"])
+    written = json.loads((run_dir / "evaluate" / "test-test_fraction=0.3.json").read_text())
+    assert written["dataset"] == "test_fraction=0.3" and same(written["metrics"], metrics)
+    # another pooled test set (30% of the images, not 20%): another accuracy
+    assert metrics["eval/global/acc"] != summary["metrics"]["eval/global/acc"]
+    with pytest.raises(SystemExit) as exit_:  # 60 features, the model takes 64 (or no shards)
+        main([str(run_dir), "dataset=synthetic"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith("fedexp.evaluate: error: ")
+    assert err.count("\n") == 1
+
+
 @pytest.mark.slow
 def test_the_evaluate_cli_reproduces_a_cli_run(cli):
     import subprocess

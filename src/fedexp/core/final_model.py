@@ -12,8 +12,8 @@ in `meta["note"]`.
 `personal_models/clients-<first>-<last>.pt` map client id -> {"state_dict", "attrs"} of
 `Algorithm.personal_model` for every client; a tensor equal to the previous client's in the
 same file (FedRep's body) is stored once. Without a `client_store.max_bytes` budget the clients
-share one file; with one, a file holds at most that many bytes of new tensors, so writing them
-never holds more than the store's budget in memory. Everything is tensors, numbers, strings,
+share one file; with one, a file holds at most that many bytes of distinct tensors (a model
+larger than that alone), so writing them holds no more than the store's budget in memory. Everything is tensors, numbers, strings,
 lists and dicts (`torch.load(weights_only=True)`), written atomically; `model.pt` is written
 last, so a run dir with `model.pt` has its personal models complete.
 """
