@@ -13,7 +13,8 @@ in `meta["note"]`.
 `Algorithm.personal_model` for every client; a tensor equal to the previous client's in the
 same file (FedRep's body) is stored once. Without a `client_store.max_bytes` budget the clients
 share one file; with one, a file holds at most that many bytes of distinct tensors (a model
-larger than that alone), so writing them holds no more than the store's budget in memory. Everything is tensors, numbers, strings,
+larger than that alone): the models being written take at most the store's budget in memory,
+besides the store's own. Everything is tensors, numbers, strings,
 lists and dicts (`torch.load(weights_only=True)`), written atomically; `model.pt` is written
 last, so a run dir with `model.pt` has its personal models complete.
 """
