@@ -30,6 +30,7 @@ from fedexp.core.checkpoint import (
 from fedexp.core.client import OPTIMIZERS
 from fedexp.core.client_store import ClientStore
 from fedexp.core.config import build
+from fedexp.core.final_model import save_final_models
 from fedexp.core.local import ClientConfig
 from fedexp.core.orchestrator import Orchestrator
 from fedexp.core.pruning import Pruned
@@ -368,6 +369,10 @@ def run(
             status = "pruned"
             log.info("%s", err)
     wall = time.perf_counter() - start
+    if orch.state is not None:  # model.pt, personal_models/ (`fedexp.core.final_model`)
+        save_final_models(
+            c.run_dir, c.algorithm, orch.state, orch.round, cfg, c.store, c.data.num_clients
+        )
     final = {k: v for k, v in orch.last_eval.items() if not k.startswith("time/")}
     final.update(c.data.coverage)
     final["runtime/threads"] = c.threads

@@ -72,13 +72,18 @@ def check_saveable(obj: Any, where: str = "checkpoint") -> None:
 
 def save_checkpoint(path: str | Path, payload: dict) -> None:
     """Write `payload` atomically: temp file in the same directory, fsync, rename."""
-    path = Path(path)
     check_saveable(payload)
-    sealed = {**payload, "checksum": content_checksum(payload)}
+    save_atomic(path, {**payload, "checksum": content_checksum(payload)})
+
+
+def save_atomic(path: str | Path, obj: Any) -> None:
+    """`torch.save(obj)` to a temp file in the same directory, fsync, rename: a kill at any
+    moment leaves the previous file or the new one, and a failed write removes its temp file."""
+    path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
         with tmp.open("wb") as f:
-            torch.save(sealed, f)
+            torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
