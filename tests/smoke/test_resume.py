@@ -24,6 +24,22 @@ ALGORITHMS = sorted(p.stem for p in (REPO / "conf" / "algorithm").glob("[!_]*.ya
 BASE = ("rounds=3", "eval_every=1", "checkpoint_every=0")
 
 
+def saved_models(run_dir: Path) -> list:
+    """What the run saved as its final models (model.pt, then personal_models/*.pt), loaded."""
+    files = [run_dir / "model.pt", *sorted((run_dir / "personal_models").glob("*.pt"))]
+    return [torch.load(f, weights_only=True) for f in files]
+
+
+def same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))
+    return a == b
+
+
 def reference(compose_cfg, lifecycle, tmp_path, *overrides):
     cfg = compose_cfg(*BASE, *overrides)
     summary = lifecycle.run(cfg, tmp_path / "reference")
@@ -48,6 +64,7 @@ def test_sigterm_then_resume_matches_an_uninterrupted_run(
     assert lifecycle.final(resumed) == lifecycle.final(ref)
     assert resumed["client_acc"] == ref["client_acc"]
     assert lifecycle.rows(run_dir) == lifecycle.rows(tmp_path / "reference")
+    assert same(saved_models(run_dir), saved_models(tmp_path / "reference"))
 
 
 def test_resume_from_a_periodic_checkpoint_drops_rounds_logged_after_it(
