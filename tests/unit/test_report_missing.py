@@ -143,3 +143,11 @@ def test_every_run_without_client_accuracies_has_no_box_plot_and_says_so(tmp_pat
     assert "client_acc_box.png" not in md
     row = next(line for line in md.splitlines() if line.startswith("| frl |"))
     assert row.startswith("| frl | 2 | 2 | 0.6000 |")  # both seeds end at 0.6: no spread
+
+
+def test_what_every_group_lacks_is_said_once_for_all(tmp_path, no_png):
+    for algorithm in ("frl", "fedavg"):
+        make_run(tmp_path / "r", algorithm, algorithm, 0, [0.5], client_acc={}, no_comm=True)
+    md = write_report([tmp_path / "r"], tmp_path / "out").read_text()
+    assert "- per-client accuracy: not recorded by every group (no box plot)" in md
+    assert "- communication: not recorded by every group (– in the table)" in md

@@ -24,13 +24,15 @@ def comm_total(run) -> float | None:
     return float(sum(p for p in parts if finite(p)))
 
 
-def _names(names: list[str]) -> str:
-    return ", ".join(names)
+def _names(names: list[str], of: int = 0) -> str:
+    """The group names, `; `-separated (labels hold commas); `every group` when they are all
+    `of` groups (more than one)."""
+    return "every group" if of > 1 and len(names) == of else "; ".join(names)
 
 
 def _column_notes(finished: dict[str, list], metric: str, value) -> list[str]:
     """`metric` absent, non-finite or partly there in the completed runs of each group."""
-    absent, nonfinite, partial = [], [], []
+    absent, nonfinite, partial, of = [], [], [], len(finished)
     for name, runs in finished.items():
         count = sum(finite(value(r)) for r in runs)
         if count == len(runs):
@@ -44,9 +46,9 @@ def _column_notes(finished: dict[str, list], metric: str, value) -> list[str]:
     shown = "communication" if metric in COMM else f"`{metric}`"
     lines = []
     if absent:
-        lines.append(f"{shown}: not recorded by {_names(absent)} (– in the table)")
+        lines.append(f"{shown}: not recorded by {_names(absent, of)} (– in the table)")
     if nonfinite:
-        lines.append(f"{shown}: null/NaN in {_names(nonfinite)} (– in the table)")
+        lines.append(f"{shown}: null/NaN in {_names(nonfinite, of)} (– in the table)")
     if partial:
         lines.append(f"{shown}: recorded by {'; '.join(partial)} (the mean of those)")
     return lines
@@ -73,7 +75,8 @@ def left_out(groups: dict[str, list], columns: list[str]) -> list[str]:
     ]
     if no_clients:
         box = "no box plot" if len(no_clients) == len(finished) else "no box"
-        lines.append(f"per-client accuracy: not recorded by {_names(no_clients)} ({box})")
+        shown = _names(no_clients, len(finished))
+        lines.append(f"per-client accuracy: not recorded by {shown} ({box})")
     for metric in CURVES:
         having = [n for n, runs in groups.items() if any(r.series(metric) for r in runs)]
         if having and len(having) < len(groups):

@@ -90,11 +90,11 @@ def privacy_notes(groups: dict[str, list]) -> list[str]:
     lines = []
     others = [n for n in groups if n not in having]
     if others:
-        lines.append(f"`{EPSILON}`: not recorded by {', '.join(others)} (no privacy accounting)")
+        lines.append(f"`{EPSILON}`: not recorded by {'; '.join(others)} (no privacy accounting)")
     infinite = [n for n in having if not any(r.series(EPSILON) for r in groups[n])]
     if infinite:
         lines.append(
-            f"`{EPSILON}`: inf (no noise or no clipping) in {', '.join(infinite)}: "
+            f"`{EPSILON}`: inf (no noise or no clipping) in {'; '.join(infinite)}: "
             "not drawn in privacy.png"
         )
     return lines
