@@ -52,3 +52,5 @@ def test_report_of_a_run_without_client_test_splits(tmp_path, monkeypatch):
     cells = dict(zip(head.split("|"), row.split("|")))
     assert cells[" eval/global/client_acc_mean "] == " – " and cells[" eval/global/acc "] != " – "
     assert not (tmp_path / "r" / "report" / "client_acc_box.png").exists()  # nothing to draw
+    assert "- per-client accuracy: not recorded by frl (no box plot)" in md
+    assert "- `eval/global/client_acc_mean`: null/NaN in frl (– in the table)" in md

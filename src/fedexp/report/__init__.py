@@ -1,12 +1,15 @@
-"""`python -m fedexp.report <run or multirun dirs...> [--out DIR]`: compare runs in one report.
+"""`python -m fedexp.report <run or multirun dirs...> [--out DIR] [--sharey]`: compare runs.
 
 Reads `summary.json` and `metrics.jsonl` of every run found under the given directories, groups
 the runs by the config values that differ between them (found automatically; the seed is left
 out, so a group's runs are its seeds) and writes `report.md` with PNG plots, one colour per group
-in all of them: accuracy vs round (mean ± std band over seeds), the final table, the final
-accuracies and MIA metrics as points with error bars, client-accuracy box plots, accuracy vs
-cumulative communication, the majority/minority gap vs round and, for an Optuna search, the
+and one marker and line style in all of them: accuracy vs round (mean ± std band over seeds), the
+final table, the final accuracies and MIA metrics as points with error bars, client-accuracy box
+plots, accuracy vs cumulative communication, the majority/minority gap vs round, DP-FedAvg's
+privacy budget (final ε table, ε vs round, accuracy vs ε) and, for an Optuna search, the
 objective against each searched parameter with the best trial marked.
+A quantity a run does not record (None, NaN, absent, a run that stopped early) is left out of
+that figure or table, and report.md says so under "Left out".
 Spread is the sample standard deviation over a group's seeds (ddof = 1); a group of one run has
 none. Group labels are short (`mu=0.0187`: 3 significant digits, more where two would clash).
 """
@@ -21,13 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from fedexp.core.summary import RunSummary
+from fedexp.report.missing import comm_total, left_out
 from fedexp.report.plots import (
     ACCURACY,
+    _column,
     _save,
     curve,
+    finite,
+    fmt,
     mean_std,
     plot_acc_vs_comm,
     plot_client_boxes,
@@ -35,17 +40,19 @@ from fedexp.report.plots import (
     plot_mia,
     plot_vs_round,
 )
+from fedexp.report.privacy import plot_privacy, privacy_notes, privacy_table
 from fedexp.report.search import plot_search
 
 __all__ = ["Run", "curve", "find_runs", "group_runs", "main", "mean_std", "write_report"]
-__all__ += ["_save", "plot_mia"]
+__all__ += ["_save", "fmt", "plot_mia"]
 
 SPREAD = (
     "Values are the mean over the completed seeds of each group ± the sample standard "
     "deviation (ddof = 1); a value without ± has no spread (one seed, or equal values)."
 )
 # config keys that never explain a difference in results (or are the seeds being averaged)
-IGNORED = ("seed", "paths", "progress", "device", "resume", "checkpoint_every", "logger")
+IGNORED = ("seed", "paths", "progress", "progress_every_s", "device", "resume", "checkpoint_every")
+IGNORED += ("logger",)
 IGNORED += ("objective", "hparams_search")
 # specialisations the defaults list derives from other choices (algorithm, dataset, experiment)
 IGNORED += (
@@ -82,11 +89,11 @@ class Run:
         return self.summary.completed
 
     def series(self, metric: str) -> dict[int, float]:
-        """round -> value of `metric` in metrics.jsonl (rounds where it was logged)."""
+        """round -> value of `metric` in metrics.jsonl (rounds where it was logged finite)."""
         return {
             int(r["round"]): float(r[metric])
             for r in self.rows
-            if r.get(metric) is not None and "round" in r
+            if finite(r.get(metric)) and finite(r.get("round"))
         }
 
 
@@ -219,21 +226,6 @@ def final_metrics(groups: dict[str, list[Run]]) -> list[str]:
     return [k for k in FINAL if k in present] + per_group
 
 
-def fmt(mean: float, std: float, scale: float = 1.0, digits: int = 4, spread=True) -> str:
-    """`mean ± std`; the mean alone without `spread` or when the std is NaN (one run)."""
-    if np.isnan(mean):
-        return "–"
-    if not spread or np.isnan(std):
-        return f"{mean * scale:.{digits}f}"
-    return f"{mean * scale:.{digits}f} ± {std * scale:.{digits}f}"
-
-
-def _column(stats: list[tuple[float, float]], scale: float = 1.0, digits: int = 4) -> list[str]:
-    """A table column; ± only where some group has a spread (no column of `± 0`)."""
-    spread = any(np.isfinite(s) and s > 0 for _, s in stats)
-    return [fmt(m, s, scale, digits, spread) for m, s in stats]
-
-
 def final_table(groups: dict[str, list[Run]]) -> str:
     """Final metrics per group: completed runs' mean ± sample std (ddof = 1)."""
     metrics = final_metrics(groups)
@@ -248,16 +240,7 @@ def final_table(groups: dict[str, list[Run]]) -> str:
         columns.append(
             _column([mean_std([r.summary.metrics.get(metric) for r in d]) for d in done.values()])
         )
-    comm = [
-        mean_std(
-            [
-                (r.summary.metrics.get("comm/up_bits_total") or 0)
-                + (r.summary.metrics.get("comm/down_bits_total") or 0)
-                for r in d
-            ]
-        )
-        for d in done.values()
-    ]
+    comm = [mean_std([comm_total(r) for r in d]) for d in done.values()]
     columns.append(_column(comm, scale=1 / 8e6, digits=2))
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for i, (name, runs) in enumerate(groups.items()):
@@ -271,8 +254,9 @@ def final_table(groups: dict[str, list[Run]]) -> str:
 
 
 # ---- the report ----------------------------------------------------------------------------------
-def write_report(paths: Sequence[str | Path], out: str | Path) -> Path:
-    """Write report.md and its PNGs into `out`; returns the path of report.md."""
+def write_report(paths: Sequence[str | Path], out: str | Path, sharey: bool = False) -> Path:
+    """Write report.md and its PNGs into `out`; returns the path of report.md. `sharey`: the
+    panels of one accuracy figure (global vs personal model) share their y-axis."""
     runs = find_runs(paths)
     if not runs:
         raise FileNotFoundError(f"no summary.json under {', '.join(map(str, paths))}")
@@ -292,17 +276,33 @@ def write_report(paths: Sequence[str | Path], out: str | Path) -> Path:
         final_table(groups),
         "",
     ]
+    eps = privacy_table(groups, flatten)
+    if eps:
+        md += ["## Privacy budget (DP)", "", *eps, "", f"ε at δ after the last round. {SPREAD}", ""]
+    notes = left_out(groups, final_metrics(groups)) + privacy_notes(groups)
+    if notes:
+        md += ["## Left out", "", *(f"- {line}" for line in notes), ""]
     gap = {"eval/group/gap": "best - worst client group accuracy"}
     band = "Lines: the mean over a group's seeds; band: ± 1 sample std (ddof = 1)."
+    eps_caption = (
+        "Left: ε at δ after each round; right: each evaluated round's accuracy against its ε. "
+        "Lines: the mean over a group's seeds; band: ± 1 sample std (ddof = 1)."
+    )
     bars = "Points: the mean of a group's completed seeds; bars: ± 1 sample std (ddof = 1)."
     sections = [
-        ("Accuracy vs round", "acc_vs_round.png", plot_vs_round, (ACCURACY, "accuracy"), band),
-        ("Final accuracy", "final_acc.png", plot_final_accuracy, (), bars),
+        (
+            "Accuracy vs round",
+            "acc_vs_round.png",
+            plot_vs_round,
+            (ACCURACY, "accuracy", None, sharey),
+            band,
+        ),
+        ("Final accuracy", "final_acc.png", plot_final_accuracy, (sharey,), bars),
         (
             "Client accuracy distribution",
             "client_acc_box.png",
             plot_client_boxes,
-            (),
+            (sharey,),
             "Each client's final test accuracy, pooled over a group's completed seeds.",
         ),
         (
@@ -314,6 +314,7 @@ def write_report(paths: Sequence[str | Path], out: str | Path) -> Path:
         ),
         ("Majority/minority gap", "group_gap.png", plot_vs_round, (gap, "accuracy gap"), band),
         ("Membership inference", "mia_acc.png", plot_mia, (), bars + " Dashed: chance."),
+        ("Privacy budget: ε vs round, accuracy vs ε", "privacy.png", plot_privacy, (), eps_caption),
     ]
     for title, filename, draw, extra, caption in sections:
         if draw(groups, out / filename, *extra):
@@ -335,10 +336,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("paths", nargs="+", help="run dirs or multirun dirs (searched recursively)")
     parser.add_argument("--out", help="output dir (default: <the one path>/report, or ./report)")
+    parser.add_argument(
+        "--sharey",
+        action="store_true",
+        help="one y-axis for the panels of an accuracy figure (global vs personal model), so "
+        "their values compare by eye (default: each panel its own range)",
+    )
     args = parser.parse_args(argv)
     out = args.out or (Path(args.paths[0]) / "report" if len(args.paths) == 1 else Path("report"))
     try:
-        report = write_report(args.paths, out)
+        report = write_report(args.paths, out, sharey=args.sharey)
     except FileNotFoundError as err:
         print(f"fedexp.report: error: {err}", file=sys.stderr)
         return 2

@@ -1,4 +1,4 @@
-"""`python -m fedexp.report <run or multirun dirs...> [--out DIR]`."""
+"""`python -m fedexp.report <run or multirun dirs...> [--out DIR] [--sharey]`."""
 
 import sys
 

@@ -1,5 +1,7 @@
-"""The report's statistics and figures: one colour per group in every figure, legends outside the
-axes, single-round metrics as points with error bars.
+"""The report's statistics and figures: one colour, marker and line style per group in every
+figure (identical curves stay visible: hollow markers of different shapes at staggered rounds,
+different dashes), legends outside the axes, integer ticks on round axes, single-round metrics as
+points with error bars, accuracy panels on one y-axis with `sharey`.
 
 Spread is the sample standard deviation over a group's seeds (ddof = 1); a group with one run has
 none (NaN), and then no band or error bar is drawn.
@@ -31,10 +33,16 @@ MIA = {
 
 
 # ---- statistics ----------------------------------------------------------------------------------
+def finite(value) -> bool:
+    """A number that is neither None, NaN nor inf (a bool is not a number here)."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    return number and math.isfinite(value)
+
+
 def mean_std(values: Sequence[float | None], ddof: int = 1) -> tuple[float, float]:
-    """Mean and sample standard deviation (ddof = 1) of the values that are not None; the std
-    is NaN with fewer than ddof + 1 values, both are NaN with none."""
-    arr = np.asarray([v for v in values if v is not None], dtype=float)
+    """Mean and sample standard deviation (ddof = 1) of the finite values (None, NaN and inf
+    left out); the std is NaN with fewer than ddof + 1 values, both are NaN with none."""
+    arr = np.asarray([v for v in values if finite(v)], dtype=float)
     if arr.size == 0:
         return float("nan"), float("nan")
     std = float(arr.std(ddof=ddof)) if arr.size > ddof else float("nan")
@@ -54,6 +62,21 @@ def curve(runs, metric: str, ddof: int = 1) -> tuple[np.ndarray, np.ndarray, np.
         return rounds, np.nanmean(grid, axis=0), np.nanstd(grid, axis=0, ddof=ddof)
 
 
+def fmt(mean: float, std: float, scale: float = 1.0, digits: int = 4, spread=True) -> str:
+    """`mean ± std`; the mean alone without `spread` or when the std is NaN (one run)."""
+    if np.isnan(mean):
+        return "–"
+    if not spread or np.isnan(std):
+        return f"{mean * scale:.{digits}f}"
+    return f"{mean * scale:.{digits}f} ± {std * scale:.{digits}f}"
+
+
+def _column(stats: list[tuple[float, float]], scale: float = 1.0, digits: int = 4) -> list[str]:
+    """A table column; ± only where some group has a spread (no column of `± 0`)."""
+    spread = any(np.isfinite(s) and s > 0 for _, s in stats)
+    return [fmt(m, s, scale, digits, spread) for m, s in stats]
+
+
 # ---- drawing -------------------------------------------------------------------------------------
 def palette(names: Sequence[str]) -> dict[str, tuple]:
     """One colour per group name, the same in every figure (tab10, tab20, then viridis)."""
@@ -67,6 +90,27 @@ def palette(names: Sequence[str]) -> dict[str, tuple]:
     else:
         colours = [matplotlib.colormaps["viridis"](i / (n - 1)) for i in range(n)]
     return dict(zip(names, colours))
+
+
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+LINESTYLES = ("-", "--", "-.", ":")
+
+
+def styles(names: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """One (marker, line style) pair per group name, distinct for up to 32 groups: the i-th
+    group gets marker i mod 8 and line style (i + i // 8) mod 4."""
+    return {
+        name: (MARKERS[i % len(MARKERS)], LINESTYLES[(i + i // len(MARKERS)) % len(LINESTYLES)])
+        for i, name in enumerate(names)
+    }
+
+
+def integer_rounds(ax) -> None:
+    """Round axes tick at whole rounds only, a lone round included (min_n_ticks=1: a view of
+    0.95 to 1.05 gets the tick 1, not 0.96, 0.98, ...)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
 
 
 def _pyplot():
@@ -105,31 +149,51 @@ def _legend_outside(fig, axes) -> None:
         )
 
 
-def _band(ax, x, mean, std, name: str, colour) -> None:
-    ax.plot(x, mean, label=name, marker="." if len(x) < 30 else None, color=colour)
+def _band(ax, x, mean, std, name: str, colour, style, slot=(0, 1)) -> None:
+    """The mean line in the group's (marker, line style) and the ± std band where there is one.
+    Markers are hollow, on about 10 points, staggered by the group's `slot` (index, number of
+    groups) so identical curves of different groups show their markers at different rounds."""
+    index, count = slot
+    step = max(1, len(x) // 10, min(count, len(x) // 3))
+    marker, linestyle = style
+    ax.plot(
+        x,
+        mean,
+        label=name,
+        color=colour,
+        marker=marker,
+        linestyle=linestyle,
+        markevery=(index % step, step),
+        markerfacecolor="none",
+        markersize=6,
+    )
     spread = np.isfinite(std)
     if spread.any():
         ax.fill_between(x, mean - std, mean + std, where=spread, alpha=0.2, color=colour, lw=0)
 
 
-def plot_vs_round(groups, path: Path, metrics: dict[str, str], ylabel: str, hline=None) -> bool:
-    """One panel per metric (key -> title); a mean ± std line per group. False if no data."""
+def plot_vs_round(
+    groups, path: Path, metrics: dict[str, str], ylabel: str, hline=None, sharey=False
+) -> bool:
+    """One panel per metric (key -> title); a mean ± std line per group (`sharey`: the panels
+    share one y-axis). False if no data."""
     present = {
         m: t for m, t in metrics.items() if any(r.series(m) for g in groups.values() for r in g)
     }
     if not present:
         return False
-    plt, colours = _pyplot(), palette(list(groups))
-    fig, axes = plt.subplots(1, len(present), figsize=(5.5 * len(present), 4), squeeze=False)
+    plt, colours, style = _pyplot(), palette(list(groups)), styles(list(groups))
+    size = (5.5 * len(present), 4)
+    fig, axes = plt.subplots(1, len(present), figsize=size, squeeze=False, sharey=sharey)
     for ax, (metric, title) in zip(axes[0], present.items()):
-        for name, runs in groups.items():
+        for i, (name, runs) in enumerate(groups.items()):
             rounds, mean, std = curve(runs, metric)
             if mean.size:
-                _band(ax, rounds, mean, std, name, colours[name])
+                _band(ax, rounds, mean, std, name, colours[name], style[name], (i, len(groups)))
         if hline is not None:
             ax.axhline(hline, color="grey", linestyle="--", linewidth=1)
         ax.set(xlabel="round", ylabel=ylabel, title=title)
-        ax.xaxis.get_major_locator().set_params(integer=True)
+        integer_rounds(ax)
         ax.grid(alpha=0.3)
     _legend_outside(fig, list(axes[0]))
     return _save(plt, fig, path, True)
@@ -137,10 +201,10 @@ def plot_vs_round(groups, path: Path, metrics: dict[str, str], ylabel: str, hlin
 
 def plot_acc_vs_comm(groups, path: Path) -> bool:
     """Accuracy against cumulative up + down bits (comm/*_total at the same rounds)."""
-    plt, colours = _pyplot(), palette(list(groups))
+    plt, colours, style = _pyplot(), palette(list(groups)), styles(list(groups))
     fig, ax = plt.subplots(figsize=(6, 4))
-    drawn = False
-    for name, runs in groups.items():
+    drawn, n = False, len(groups)
+    for i, (name, runs) in enumerate(groups.items()):
         metric = next((m for m in ACCURACY if any(r.series(m) for r in runs)), None)
         if metric is None:
             continue
@@ -153,7 +217,8 @@ def plot_acc_vs_comm(groups, path: Path) -> bool:
         if not keep:
             continue
         megabytes = np.array([comm[int(rounds[i])] for i in keep]) / 8e6
-        _band(ax, megabytes, mean[keep], std[keep], f"{name} ({ACCURACY[metric]})", colours[name])
+        text = f"{name} ({ACCURACY[metric]})"
+        _band(ax, megabytes, mean[keep], std[keep], text, colours[name], style[name], (i, n))
         drawn = True
     if drawn:
         ax.set(xlabel="cumulative communication, up + down (MB)", ylabel="accuracy")
@@ -175,15 +240,17 @@ def client_values(runs, kind: str) -> list[float]:
     return [float(a) for a in values if isinstance(a, (int, float)) and math.isfinite(a)]
 
 
-def plot_client_boxes(groups, path: Path) -> bool:
-    """Per-client final accuracies (summary.json client_acc), pooled over a group's seeds; False
-    when no run has a finite one."""
+def plot_client_boxes(groups, path: Path, sharey: bool = False) -> bool:
+    """Per-client final accuracies (summary.json client_acc), pooled over a group's seeds
+    (`sharey`: the personal and global panels share one y-axis); False when no run has a
+    finite one."""
     kinds = [k for k in ("personal", "global") if any(client_values(g, k) for g in groups.values())]
     if not kinds:
         return False
     plt, colours = _pyplot(), palette(list(groups))
     width = max(5, 1.2 * len(groups))
-    fig, axes = plt.subplots(1, len(kinds), figsize=(width * len(kinds), 4), squeeze=False)
+    size = (width * len(kinds), 4)
+    fig, axes = plt.subplots(1, len(kinds), figsize=size, squeeze=False, sharey=sharey)
     for ax, kind in zip(axes[0], kinds):
         names, data = [], []
         for name, runs in groups.items():
@@ -203,22 +270,27 @@ def plot_client_boxes(groups, path: Path) -> bool:
 
 
 def plot_points(
-    groups, path: Path, panels: dict[str, tuple[str, float | None]], ylabel: str | None = None
+    groups,
+    path: Path,
+    panels: dict[str, tuple[str, float | None]],
+    ylabel: str | None = None,
+    sharey: bool = False,
 ) -> bool:
     """Single-round metrics (final accuracy, MIA): one panel per metric (key -> (title, dashed
     reference line or None)); each group's final value over its completed seeds as a point with
     a mean ± sample-std error bar, in the group's colour (`ylabel`: one axis label for every
-    panel, else each panel's title). False if no run has any metric."""
+    panel, else each panel's title; `sharey`: one y-axis for all). False if no run has any
+    metric."""
     finals = {
         m: [[r.summary.metrics.get(m) for r in g if r.completed] for g in groups.values()]
         for m in panels
     }
-    present = [m for m, per in finals.items() if any(v is not None for g in per for v in g)]
+    present = [m for m, per in finals.items() if any(finite(v) for g in per for v in g)]
     if not present:
         return False
-    plt, colours = _pyplot(), palette(list(groups))
-    width = max(4.5, 1.2 * len(groups))
-    fig, axes = plt.subplots(1, len(present), figsize=(width * len(present), 4), squeeze=False)
+    plt, colours, style = _pyplot(), palette(list(groups)), styles(list(groups))
+    size = (max(4.5, 1.2 * len(groups)) * len(present), 4)
+    fig, axes = plt.subplots(1, len(present), figsize=size, squeeze=False, sharey=sharey)
     for ax, metric in zip(axes[0], present):
         title, reference = panels[metric]
         for i, (name, values) in enumerate(zip(groups, finals[metric])):
@@ -226,7 +298,8 @@ def plot_points(
             if np.isnan(mean):
                 continue
             err = None if np.isnan(std) else [std]
-            ax.errorbar([i], [mean], yerr=err, fmt="o", capsize=4, color=colours[name])
+            marker = style[name][0]
+            ax.errorbar([i], [mean], yerr=err, fmt=marker, capsize=4, color=colours[name])
         if reference is not None:
             ax.axhline(reference, color="grey", linestyle="--", linewidth=1)
         _group_ticks(ax, list(groups))
@@ -240,7 +313,7 @@ def plot_mia(groups, path: Path) -> bool:
     return plot_points(groups, path, MIA)
 
 
-def plot_final_accuracy(groups, path: Path) -> bool:
-    """The final accuracies as points with error bars."""
+def plot_final_accuracy(groups, path: Path, sharey: bool = False) -> bool:
+    """The final accuracies as points with error bars (`sharey`: the panels on one y-axis)."""
     panels = {k: (t, None) for k, t in FINAL_ACCURACY.items()}
-    return plot_points(groups, path, panels, ylabel="accuracy")
+    return plot_points(groups, path, panels, ylabel="accuracy", sharey=sharey)
