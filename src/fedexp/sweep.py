@@ -1,8 +1,10 @@
 """Hydra callbacks of a multirun (registered in conf/config.yaml under `hydra.callbacks`).
 
 `SweepSummary` (`sweep_summary`): when a sweep ends, print the grouped table of its runs (mean ±
-std over seeds; the groups are the config values that differ, as in `python -m fedexp.report`)
-and write the report into `<sweep dir>/report/`. Turn it off with `~hydra.callbacks.sweep_summary`.
+std over seeds; the groups are the config values that differ, as in `python -m fedexp.report`),
+the data each column measures, the command that uploads the jobs' offline W&B runs (when there
+are some), and write the report into `<sweep dir>/report/`. Turn it off with
+`~hydra.callbacks.sweep_summary`.
 
 `QuietSetup` (`quiet_setup`): keeps the set-up chatter of the libraries an Optuna sweeper loads
 (alembic's plugin list, Optuna's "A new study created" line) out of the sweep's output.
@@ -11,6 +13,7 @@ and write the report into `<sweep dir>/report/`. Turn it off with `~hydra.callba
 from __future__ import annotations
 
 import logging
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -51,10 +54,12 @@ class SweepSummary(Callback):
 
         sweep_dir = Path(str(config.hydra.sweep.dir))
         runs = find_runs([sweep_dir])
-        if not runs:
-            return
-        print_sweep_table(runs, sweep_dir)
-        if not self.report:
+        if runs:
+            print_sweep_table(runs, sweep_dir)
+        offline = wandb_offline_line(sweep_dir)
+        if offline:
+            print(offline)
+        if not runs or not self.report:
             return
         try:
             report = write_report([sweep_dir], sweep_dir / "report")
@@ -62,6 +67,20 @@ class SweepSummary(Callback):
             log.warning("the sweep report could not be written (%s)", err)
             return
         print(f"report: {report}")
+
+
+def wandb_offline_line(sweep_dir: Path) -> str | None:
+    """One line when the sweep's jobs logged W&B runs offline: how many, and the command that
+    uploads them all (`wandb sync` takes run dirs; each job keeps its own under
+    `<job dir>/wandb/`, so the sweep dir alone names none)."""
+    found = sorted(Path(sweep_dir).glob("*/wandb/offline-run-*"))
+    if not found:
+        return None
+    where = shlex.quote(str(sweep_dir))
+    return (
+        f"W&B: offline, {len(found)} runs; upload them with: "
+        f"wandb sync {where}/*/wandb/offline-run-*"
+    )
 
 
 def sweep_rows(runs: list) -> tuple[list[str], list[str], list[list[str]]]:

@@ -46,6 +46,7 @@ class RunInfo:
         rounds: the last round of the run.
         resumed_from_round: the checkpoint's round on resume (rounds after it run again), else None.
         artifacts: (path, kind) of the files written before the first round (partition statistics).
+        objective: the resolved `objective` (`auto` made a metric name), if known.
     """
 
     run_dir: Path
@@ -55,6 +56,7 @@ class RunInfo:
     rounds: int
     resumed_from_round: int | None = None
     artifacts: tuple[tuple[Path, str], ...] = ()
+    objective: str | None = None
 
 
 @dataclass(frozen=True)
