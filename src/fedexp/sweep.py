@@ -76,7 +76,7 @@ def wandb_offline_line(sweep_dir: Path) -> str | None:
     found = sorted(Path(sweep_dir).glob("*/wandb/offline-run-*"))
     if not found:
         return None
-    where = shlex.quote(str(sweep_dir))
+    where = shlex.quote(str(Path(sweep_dir).resolve()))
     return (
         f"W&B: offline, {len(found)} runs; upload them with: "
         f"wandb sync {where}/*/wandb/offline-run-*"

@@ -73,7 +73,7 @@ def test_the_sweep_line_names_a_command_that_wandb_sync_accepts(tmp_path, monkey
         run.mkdir(parents=True)
         (run / f"run-ab{job}.wandb").touch()
     line = wandb_offline_line(sweep)
-    command = f"wandb sync {sweep}/*/wandb/offline-run-*"
+    command = f"wandb sync {sweep.resolve()}/*/wandb/offline-run-*"
     assert line == f"W&B: offline, 2 runs; upload them with: {command}"
     from wandb.cli.cli import sync
 
