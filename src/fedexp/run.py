@@ -348,6 +348,7 @@ def run(
         # rounds logged after the checkpoint are run (and logged) again
         resumed_from_round=int(c.checkpoint["round"]) if c.checkpoint is not None else None,
         artifacts=write_partition_stats(c.data, c.run_dir, title),
+        objective=c.objective,
     )
     run_start(orch.callbacks, info)
     state, start_round = None, 1

@@ -1,8 +1,10 @@
 """Hydra callbacks of a multirun (registered in conf/config.yaml under `hydra.callbacks`).
 
 `SweepSummary` (`sweep_summary`): when a sweep ends, print the grouped table of its runs (mean ±
-std over seeds; the groups are the config values that differ, as in `python -m fedexp.report`)
-and write the report into `<sweep dir>/report/`. Turn it off with `~hydra.callbacks.sweep_summary`.
+std over seeds; the groups are the config values that differ, as in `python -m fedexp.report`),
+the data each column measures, the command that uploads the jobs' offline W&B runs (when there
+are some), and write the report into `<sweep dir>/report/`. Turn it off with
+`~hydra.callbacks.sweep_summary`.
 
 `QuietSetup` (`quiet_setup`): keeps the set-up chatter of the libraries an Optuna sweeper loads
 (alembic's plugin list, Optuna's "A new study created" line) out of the sweep's output.
@@ -11,13 +13,14 @@ and write the report into `<sweep dir>/report/`. Turn it off with `~hydra.callba
 from __future__ import annotations
 
 import logging
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 
-from fedexp.report import group_runs, mean_std
+from fedexp.report import fmt, group_runs, mean_std
 
 log = logging.getLogger(__name__)
 # the columns besides the objective, when some run has them
@@ -51,10 +54,12 @@ class SweepSummary(Callback):
 
         sweep_dir = Path(str(config.hydra.sweep.dir))
         runs = find_runs([sweep_dir])
-        if not runs:
-            return
-        print_sweep_table(runs, sweep_dir)
-        if not self.report:
+        if runs:
+            print_sweep_table(runs, sweep_dir)
+        offline = wandb_offline_line(sweep_dir)
+        if offline:
+            print(offline)
+        if not runs or not self.report:
             return
         try:
             report = write_report([sweep_dir], sweep_dir / "report")
@@ -64,37 +69,115 @@ class SweepSummary(Callback):
         print(f"report: {report}")
 
 
+def wandb_offline_line(sweep_dir: Path) -> str | None:
+    """One line when the sweep's jobs logged W&B runs offline: how many, and the command that
+    uploads them all (`wandb sync` takes run dirs; each job keeps its own under
+    `<job dir>/wandb/`, so the sweep dir alone names none)."""
+    found = sorted(Path(sweep_dir).glob("*/wandb/offline-run-*"))
+    if not found:
+        return None
+    where = shlex.quote(str(Path(sweep_dir).resolve()))
+    return (
+        f"W&B: offline, {len(found)} runs; upload them with: "
+        f"wandb sync {where}/*/wandb/offline-run-*"
+    )
+
+
 def sweep_rows(runs: list) -> tuple[list[str], list[str], list[list[str]]]:
     """(the keys that differ, the column heads, one row of cells per group) of a sweep's runs.
 
     Cells are mean ± sample std (ddof = 1, as in the report) over the completed runs of a group
-    (its seeds); the `runs` cell counts the others by status (`2 (+1 diverged)`).
+    (its seeds), the mean alone for a group of one; the `runs` cell counts the others by status
+    (`2 (+1 diverged)`). The objective's metric heads its column when every run shares one,
+    else an `objective metric` column names it on each row.
     """
     groups, keys = group_runs(runs)
-    objectives = {r.summary.objective.name for r in runs if r.summary.objective is not None}
-    objectives.discard(None)
-    objective = f"objective: {objectives.pop()}" if len(objectives) == 1 else "objective"
+    objectives = sorted(objective_names(runs))
+    shared = len(objectives) <= 1
+    objective = f"objective: {objectives[0]}" if len(objectives) == 1 else "objective"
     present = {k for r in runs for k in r.summary.metrics}
     shown = [k for k in SHOWN if k in present]
-    heads = ["group", "runs", objective, *shown]
+    heads = ["group", "runs", *([] if shared else ["objective metric"]), objective, *shown]
     rows = []
     for name, members in groups.items():
         done = [r for r in members if r.completed]
         other = sorted({r.summary.status for r in members if not r.completed})
         failed = len(members) - len(done)
         count = f"{len(done)}" + (f" (+{failed} {', '.join(other)})" if failed else "")
+        metric = [] if shared else [", ".join(sorted(objective_names(members))) or "–"]
         values = [[r.summary.objective.value for r in done if r.summary.objective is not None]]
         values += [[r.summary.metrics.get(k) for r in done] for k in shown]
-        rows.append([name, count, *(cell(*mean_std(v)) for v in values)])
+        rows.append([name, count, *metric, *(fmt(*mean_std(v)) for v in values)])
     return [k.removeprefix("choice:") for k in keys], heads, rows
 
 
-def cell(mean: float, std: float) -> str:
-    return "–" if mean != mean else f"{mean:.4f} ± {std:.4f}"  # NaN: no completed run
+def objective_names(runs: list) -> set[str]:
+    """The objective metrics of the runs (`eval/val/global/acc`, ...)."""
+    return {
+        r.summary.objective.name
+        for r in runs
+        if r.summary.objective is not None and r.summary.objective.name
+    }
+
+
+def population(metric: str) -> str | None:
+    """What an `eval/` metric measures, in words; None for other metrics."""
+    if not metric.startswith("eval/"):
+        return None
+    val = metric.startswith("eval/val/")
+    split = "validation" if val else "test"
+    if metric.endswith("/global/acc"):
+        where = (
+            "the union of the clients' validation splits"
+            if val
+            else "the pooled test set (the dataset's own test split; the union of the clients' "
+            "test splits where it has none)"
+        )
+        return f"the global model on {where}"
+    if "/global/client_acc" in metric:
+        return f"the global model on each client's {split} split, over clients"
+    if "/personal/" in metric:
+        return f"each client's own model on its {split} split, over clients"
+    if "/group/" in metric:
+        return f"the client groups' mean {split} accuracies"
+    return f"the {split} data"
+
+
+def multimodal(runs: list) -> tuple[bool, Any]:
+    """(whether a run is on `partition=multimodal`, its `group_ratio` where recorded)."""
+    for r in runs:
+        part = (r.summary.config or {}).get("partition")
+        part = part if isinstance(part, dict) else {}
+        if r.summary.choices.get("partition") == "multimodal" or str(
+            part.get("_target_", "")
+        ).endswith(".Multimodal"):
+            return True, part.get("group_ratio")
+    return False, None
+
+
+def sweep_notes(heads: list[str], runs: list) -> list[str]:
+    """The lines under the table: the data each column measures (the objective, measured on
+    validation data, and the test columns do not measure the same population), and on the
+    multimodal split how validation and test weigh the two client groups."""
+    metrics = [h.removeprefix("objective: ") for h in heads[2:]]
+    if "objective" in metrics:  # one objective a row: each of them
+        metrics = sorted(objective_names(runs)) + metrics
+    notes = [f"{m}: {population(m)}" for m in dict.fromkeys(metrics) if population(m)]
+    on_multimodal, ratio = multimodal(runs)
+    if on_multimodal:
+        weights = f"{ratio} : 1" if ratio is not None else "group_ratio : 1"
+        notes.append(
+            f"partition=multimodal: the validation splits weigh the majority and minority "
+            f"clients' classes {weights} (their client counts); a dataset's own test split "
+            "holds every class in the dataset's proportions, so the objective and the test "
+            "columns weigh the two groups differently"
+        )
+    return notes
 
 
 def print_sweep_table(runs: list, sweep_dir: Path) -> None:
-    """The grouped table of a sweep's runs (rich), titled with what the groups differ in."""
+    """The grouped table of a sweep's runs (rich), titled with what the groups differ in, with
+    the data each column measures under it."""
     from rich.console import Console
     from rich.table import Table
 
@@ -102,10 +185,13 @@ def print_sweep_table(runs: list, sweep_dir: Path) -> None:
     differ = ", ".join(keys) or "nothing (one group)"
     table = Table(
         title=f"sweep {sweep_dir}: {len(runs)} runs in {len(rows)} groups, differing in {differ}",
-        caption="mean ± sample std (ddof = 1) over the seeds of each group",
+        caption="mean ± sample std (ddof = 1) over the seeds of each group (one run: its value)",
     )
     for i, head in enumerate(heads):
         table.add_column(head, justify="left" if i == 0 else "right")
     for row in rows:
         table.add_row(*row)
-    Console(file=sys.stdout, width=max(120, Console().width)).print(table)
+    console = Console(file=sys.stdout, width=max(120, Console().width))
+    console.print(table)
+    for note in sweep_notes(heads, runs):
+        console.print(note, highlight=False, soft_wrap=True)

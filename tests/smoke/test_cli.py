@@ -40,8 +40,11 @@ def test_two_job_multirun(cli):
 
 
 def test_wandb_offline_run_holds_the_accuracy(cli):
-    cli(*SMOKE, "logger=wandb", "hydra.run.dir=w")
+    proc = cli(*SMOKE, "logger=wandb", "hydra.run.dir=w")
     (run_file,) = (cli.cwd / "w" / "wandb").glob("offline-run-*/run-*.wandb")
+    # one line says W&B is offline and gives the command that uploads the run
+    sync = f"W&B: offline; upload with: wandb sync {cli.cwd / 'w'}/wandb/offline-run-*"
+    assert proc.stdout.count("W&B") == 1 and sync in proc.stdout
     rows = [r for r in history(run_file) if "eval/global/acc" in r]
     summary = json.loads((cli.cwd / "w" / "summary.json").read_text())
     assert [r["_step"] for r in rows] == [1, 2]

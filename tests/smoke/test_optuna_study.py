@@ -74,6 +74,8 @@ def test_a_killed_search_resumes_from_its_study(tmp_path):
     # the interrupted parameters run again, then one new trial: 3 finished trials in all
     assert trials[2].params == first[1].params
     assert [t.state for t in trials[2:]] == [TrialState.COMPLETE, TrialState.COMPLETE]
+    # the new trial is a new point, not the first proposal of a sampler seeded as before
+    assert len({tuple(sorted(trials[i].params.items())) for i in (0, 2, 3)}) == 3
     assert sorted(p.parent.name for p in (tmp_path / "search").glob("*/summary.json")) == [
         "0",
         "2",

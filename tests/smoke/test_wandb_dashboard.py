@@ -68,6 +68,9 @@ def test_the_config_holds_the_hydra_choices_and_overrides(sweep):
     assert config["choices"]["algorithm"] == "fedprox" and config["choices"]["dataset"] == "digits"
     assert "algorithm.mu=0.1" in config["overrides"] and "seed=0" in config["overrides"]
     assert config["algorithm"]["mu"] == 0.1 == saved["config"]["algorithm"]["mu"]
+    # the objective as resolved (`objective: auto` in the config the run was given)
+    assert saved["config"]["objective"] == "auto"
+    assert config["objective"] == saved["objective"]["name"] == "eval/val/global/acc"
 
 
 def test_round_is_the_step_and_accuracies_keep_their_best(sweep):

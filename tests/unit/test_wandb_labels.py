@@ -42,6 +42,16 @@ def test_a_sweep_varies_its_lists_ranges_and_optuna_params():
 def test_the_group_leaves_out_the_seed_and_what_does_not_change_results():
     overrides = ["algorithm=fedprox", "algorithm.mu=0.01", "seed=3", "device=cpu", "logger=wandb"]
     assert group_name(overrides, CHOICES) == "fedprox mu=0.01 digits shards"
+    # the evaluation schedule, checkpoints, logger options, files, devices and the executor
+    io = ["eval_every=1", "checkpoint_every=0", "+logger.wandb.tags=[a]", "threads=2"]
+    io += ["hydra.run.dir=x", "hydra.sweep.dir=y", "executor=vectorized", "executor.chunk_size=4"]
+    io += ["paths.cache_dir=/c", "progress=false", "client_store.max_bytes=1GB", "objective=auto"]
+    assert group_name([*overrides, *io], CHOICES) == "fedprox mu=0.01 digits shards"
+    # what defines the results stays: rounds, the smoke shrink, a client setting
+    kept = ["rounds=5", "debug=smoke", "client.lr=0.1", "eval.personal_clients=4"]
+    assert group_name([*kept, *io], CHOICES) == (
+        "fedprox rounds=5 debug=smoke lr=0.1 personal_clients=4 digits shards"
+    )
 
 
 def test_a_long_group_is_cut_with_a_digest_that_keeps_it_unique():
@@ -81,6 +91,7 @@ def test_an_optuna_trial_is_named_by_its_searched_values_and_tagged_with_the_stu
     assert labels.tags == ("sweep:fedprox_mu", "experiment:waffle_digits", "dataset:digits")
     assert labels.config["choices"]["experiment"] == "waffle_digits"
     assert "hydra/sweeper" not in labels.config["choices"]
+    assert labels.multirun
 
 
 def test_a_plain_sweep_is_tagged_with_its_dated_dir(tmp_path):

@@ -47,6 +47,7 @@ class RunInfo:
         rounds: the last round of the run.
         resumed_from_round: the checkpoint's round on resume (rounds after it run again), else None.
         artifacts: (path, kind) of the files written before the first round (partition statistics).
+        objective: the resolved `objective` (`auto` made a metric name), if known.
     """
 
     run_dir: Path
@@ -56,6 +57,7 @@ class RunInfo:
     rounds: int
     resumed_from_round: int | None = None
     artifacts: tuple[tuple[Path, str], ...] = ()
+    objective: str | None = None
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,10 @@ and, in a multirun, `<sweep dir>/multirun.yaml`), so a resumed run gets the same
 run it continues.
 
 - group: the config without the seed, readable (`fedprox mu=0.01 digits shards`): the
-  algorithm, the command-line overrides except the seed, then the dataset and partition. The
-  seeds of one setting share a group; different methods or values never do.
+  algorithm, the command-line overrides that define results (not the seed, nor `eval_every`,
+  `checkpoint_every`, logger, device, thread, executor or path keys: `NOT_A_SETTING`), then the
+  dataset and partition. The seeds of one setting share a group; different methods or values
+  never do.
 - name: the algorithm, the overrides that differ between the jobs of the sweep (all the
   overrides for a single run) and the seed (`fedprox mu=0.01 s1`).
 - job_type: the algorithm. Tags: `sweep:<name>`, `experiment:<preset>`, `dataset:<name>`.
@@ -22,10 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# overrides that never change results (or are the seeds being pooled): not in group or name
-NOT_A_SETTING = ("seed", "hydra", "logger", "progress", "progress_every_s", "device", "threads")
-NOT_A_SETTING += ("paths", "resume")
+# overrides that never change results (or are the seeds being pooled): not in group or name;
+# the logging, checkpointing, evaluation schedule, file and device keys, and the executor (every
+# executor trains the same models)
+NOT_A_SETTING = ("seed", "hydra", "logger", "progress", "device", "threads", "paths", "resume")
+NOT_A_SETTING += ("progress_every_s",)
 NOT_A_SETTING += ("checkpoint_every", "client_store", "hparams_search", "objective")
+NOT_A_SETTING += ("eval_every", "executor")
 # choices shown after the overrides, in this order, whether overridden or not
 TRAILING = ("dataset", "partition")
 MAX_GROUP = 128  # W&B's limit on a group name
@@ -41,6 +46,7 @@ class WandbLabels:
     job_type: str | None
     tags: tuple[str, ...] = ()
     config: dict[str, Any] = field(default_factory=dict)
+    multirun: bool = False  # a job of a sweep
 
 
 def short_value(value: str, digits: int = 4) -> str:
@@ -155,6 +161,7 @@ def labels_from_run_dir(run_dir: str | Path, seed: Any) -> WandbLabels | None:
         job_type=str(algorithm) if algorithm else None,
         tags=tuple(t[:MAX_TAG] for t in tags),
         config={"choices": choices, "overrides": overrides},
+        multirun=keys is not None,
     )
 
 

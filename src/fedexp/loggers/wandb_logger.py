@@ -6,7 +6,10 @@ evaluation also logs a histogram of the per-client accuracies; the partition sta
 a table; accuracies keep their best-so-far value in the run summary (`<key>.max`, with `.last`).
 W&B's own console output is off unless `verbose`.
 
-Offline when no API key is configured. Any W&B failure is a warning: it never stops a run. An
+The config holds the resolved `objective` (`eval/val/global/acc`, not `auto`). Offline when no
+API key is configured; an offline single run logs one line saying so, with the command that
+uploads it (`wandb sync <run dir>/wandb/offline-run-*`); a sweep says it once at its end
+(`fedexp.sweep.SweepSummary`). Any W&B failure is a warning: it never stops a run. An
 online `wandb.init` that gets no answer within `init_timeout` seconds (no network, a server down)
 goes on offline, with one warning line saying how to upload the run later (`wandb sync`); later
 jobs of the same process then go offline at once instead of waiting again.
@@ -18,11 +21,12 @@ import csv
 import logging
 import os
 import re
+import shlex
 from pathlib import Path
 
 import numpy as np
 
-from fedexp.core.callbacks import RoundReport
+from fedexp.core.callbacks import RoundReport, RunInfo
 from fedexp.core.summary import RunSummary
 from fedexp.loggers.base import Logger
 from fedexp.loggers.wandb_labels import labels_from_run_dir
@@ -43,6 +47,11 @@ def _number(text: str):
         except ValueError:
             pass
     return text
+
+
+def sync_command(run_dir: str | Path) -> str:
+    """The command that uploads the offline W&B runs of a run dir (a resumed run has two)."""
+    return f"wandb sync {shlex.quote(str(run_dir))}/wandb/offline-run-*"
 
 
 class WandbLogger(Logger):
@@ -82,6 +91,7 @@ class WandbLogger(Logger):
         self.run = None
         self.best: set[str] = set()  # metrics defined with a best-so-far summary
         self.resume_id: str | None = None  # set on resume: continue this W&B run
+        self.objective: str | None = None  # the run's resolved objective (`on_run_start`)
 
     def state_dict(self) -> dict:
         """The W&B run id, saved in checkpoints so a resumed run continues the same W&B run."""
@@ -90,6 +100,10 @@ class WandbLogger(Logger):
 
     def load_state_dict(self, state: dict) -> None:
         self.resume_id = state.get("run_id")
+
+    def on_run_start(self, info: RunInfo) -> None:
+        self.objective = info.objective
+        super().on_run_start(info)
 
     @staticmethod
     def _default_mode() -> str:
@@ -111,10 +125,13 @@ class WandbLogger(Logger):
         global _unreachable
         labels = labels_from_run_dir(self.run_dir, config.get("seed"))
         job_type, tags = None, list(self.tags)
+        multirun = labels is not None and labels.multirun
         if labels is not None:  # a Hydra job: the labels of its setting
             run_name, group, job_type = labels.name, labels.group, labels.job_type
             config = {**config, **labels.config}
             tags += [t for t in labels.tags if t not in tags]
+        if self.objective is not None:  # the metric, not `auto`
+            config = {**config, "objective": self.objective}
 
         def _init(mode: str):
             import wandb
@@ -138,6 +155,8 @@ class WandbLogger(Logger):
         if self.mode != "online":
             self.run = self._guard("init", _init, self.mode)
             self._define_metrics()
+            if self.run is not None and self.mode == "offline" and not multirun:
+                log.info("W&B: offline; upload with: %s", sync_command(self.run_dir))
             return
         reason = _unreachable
         if reason is None:

@@ -4,6 +4,11 @@
 (`<sweep dir>/optuna.db` unless `storage` names another database), so a search killed midway
 continues where it stopped when run again with the same `hydra.sweep.dir`: finished trials stay,
 a trial the kill interrupted is marked failed and its parameters are tried again. Each trial is
+proposed by the sampler seeded with a seed derived from the sampler's `seed` and the number of
+trials already stored (`trial_seed`), so a fresh study is reproducible, while a resumed or
+extended one (a larger `n_trials`) proposes new points rather than replaying its first ones. A
+proposal equal to the parameters of a completed trial is not run again: it is recorded with that
+trial's value and the user attribute `repeats` (the earlier trial's number). Each trial is
 one job whose number is the trial's number (its run dir is `<sweep dir>/<trial number>`); the run
 reports its `objective` after every evaluated round (`fedexp.core.pruning.TrialPruner`) and the
 study's `pruner` may stop it there. The search space uses the Hydra sweep syntax:
@@ -36,6 +41,7 @@ if TYPE_CHECKING:  # optuna is imported when a search runs: Hydra imports every 
 
 log = logging.getLogger(__name__)
 INTERRUPTED = "interrupted"  # user attribute of a trial a killed sweep left running
+REPEATS = "repeats"  # user attribute of a proposal that repeats a completed trial (its number)
 
 
 def distribution(override: Override) -> BaseDistribution:
@@ -55,7 +61,8 @@ class OptunaStudySweeper(Sweeper):
     """Hydra sweeper: ask a stored Optuna study for trials, run them, tell it the results.
 
     Args:
-        sampler: an `optuna.samplers.BaseSampler` (instantiated by Hydra from its config).
+        sampler: an `optuna.samplers.BaseSampler` (instantiated by Hydra from its config); with
+            a `seed` in its config, each proposal comes from a copy seeded by `trial_seed`.
         pruner: an `optuna.pruners.BasePruner`, or None: no trial is stopped early.
         direction: `maximize` or `minimize` the runs' `objective`.
         study_name: the study's name in the storage (null: `fedexp`).
@@ -82,6 +89,7 @@ class OptunaStudySweeper(Sweeper):
         self.storage = storage
         self.n_trials, self.n_jobs = int(n_trials), max(1, int(n_jobs))
         self.params = dict(params or {})
+        self.config: DictConfig | None = None  # the run's config (`setup`)
 
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
@@ -135,22 +143,77 @@ class OptunaStudySweeper(Sweeper):
         name = study.study_name
         # every job finds its study whatever `${now:}` gives in its process
         fixed += [f"hydra.sweeper.storage='{storage}'", f"hydra.sweeper.study_name='{name}'"]
-        while (left := self.n_trials - finished(study)) > 0:
-            trials = [study.ask(space) for _ in range(min(self.n_jobs, left))]
-            jobs = [
-                [
-                    *fixed,
-                    *(
-                        f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
-                        for k, v in t.params.items()
-                    ),
-                ]
-                for t in trials
-            ]
+        self.optimize(study, space, fixed)
+        write_results(study, sweep_dir)
+
+    def optimize(self, study: optuna.Study, space: dict, fixed: list[str]) -> None:
+        """Ask, run and tell until `n_trials` trials have finished (those stored included)."""
+        while finished(study) < self.n_trials:
+            trials = self._ask_batch(study, space)
+            if not trials:  # every proposal repeated a completed trial
+                continue
+            jobs = [[*fixed, *(override(k, v) for k, v in t.params.items())] for t in trials]
             returns = self.launcher.launch(jobs, initial_job_idx=trials[0].number)
             for trial, ret in zip(trials, returns):
                 tell(study, trial, ret)
-        write_results(study, sweep_dir)
+
+    def _ask_batch(self, study: optuna.Study, space: dict) -> list[optuna.Trial]:
+        """Up to `n_jobs` new trials with consecutive numbers (a job's number is its trial's).
+        A proposal repeating a completed trial is told that trial's value at once and ends a
+        started batch (the next trial's number would not follow on)."""
+        trials: list[optuna.Trial] = []
+        while len(trials) < self.n_jobs and finished(study) + len(trials) < self.n_trials:
+            study.sampler = self._sampler(len(study.get_trials(deepcopy=False)))
+            trial = study.ask(space)
+            earlier = completed_with(study, trial.params)
+            if earlier is None:
+                trials.append(trial)
+                continue
+            study._storage.set_trial_user_attr(trial._trial_id, REPEATS, earlier.number)
+            study.tell(trial, earlier.value)
+            log.info(
+                "trial %d proposes the parameters of trial %d: its value %.6g is recorded, no run",
+                trial.number,
+                earlier.number,
+                earlier.value,
+            )
+            if trials:
+                break
+        return trials
+
+    def _sampler(self, stored: int) -> Any:
+        """The sampler of the next proposal: the configured one, its seed derived from the
+        configured seed and the `stored` trials; the sampler as given when its config has no
+        seed (or there is no config, as when built by hand)."""
+        from hydra.utils import instantiate
+
+        conf = self.config.hydra.sweeper.get("sampler") if self.config is not None else None
+        if conf is None or conf.get("seed") is None:
+            return self.sampler
+        return instantiate(conf, seed=trial_seed(int(conf.seed), stored))
+
+
+def override(key: str, value: Any) -> str:
+    """`key=value` as a Hydra override (strings quoted)."""
+    return f"{key}={value!r}" if isinstance(value, str) else f"{key}={value}"
+
+
+def trial_seed(seed: int, stored: int) -> int:
+    """The sampler seed of the proposal made when `stored` trials are in the study: a fresh
+    study with the same `seed` proposes the same points; a continued one, new ones."""
+    import numpy as np
+
+    return int(np.random.SeedSequence([seed % 2**63, stored]).generate_state(1)[0])
+
+
+def completed_with(study: optuna.Study, params: dict) -> optuna.trial.FrozenTrial | None:
+    """The first completed trial with exactly these parameters, if any."""
+    from optuna.trial import TrialState
+
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if trial.params == params:
+            return trial
+    return None
 
 
 def refuse_without_objective(config: DictConfig, searched: list[str], sweep_dir: Path) -> None:
@@ -207,5 +270,8 @@ def write_results(study: optuna.Study, sweep_dir: Path) -> None:
         results.update(best_params={}, best_value=None)
     counts = {s.name.lower(): len(study.get_trials(states=(s,))) for s in TrialState}
     results["trials"] = {k: v for k, v in counts.items() if v}
+    repeats = sum(REPEATS in t.user_attrs for t in study.get_trials(deepcopy=False))
+    if repeats:  # complete trials that repeated an earlier one's parameters: not run
+        results["trials"]["repeats"] = repeats
     (sweep_dir / "optimization_results.yaml").write_text(yaml.safe_dump(results, sort_keys=False))
     log.info("best: %s", results)
