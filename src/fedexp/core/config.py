@@ -54,7 +54,7 @@ def build(node: DictConfig | dict, name: str | None = None, **runtime: Any) -> A
     if closed:  # the signature says it all: refuse unknown keys before calling anything
         for key in params:
             if key not in options:
-                raise _not_an_option(group, key, target_name, options, runtime)
+                raise not_an_option(group, key, target_name, options, runtime)
     if is_partial:
         return functools.partial(target, **params, **runtime)
     try:
@@ -65,7 +65,7 @@ def build(node: DictConfig | dict, name: str | None = None, **runtime: Any) -> A
         found = _UNEXPECTED.search(str(err))
         if found is None or found.group(1) not in params:
             raise
-        raise _not_an_option(group, found.group(1), target_name, options, runtime) from None
+        raise not_an_option(group, found.group(1), target_name, options, runtime) from None
 
 
 def default_family(name: str, data_args: dict) -> Callable:
@@ -150,7 +150,7 @@ def annotations_of(target: Any) -> dict[str, Any]:
     return out
 
 
-def _not_an_option(group: str, key: str, target_name: str, options: set, runtime: dict):
+def not_an_option(group: str, key: str, target_name: str, options: set, runtime: dict):
     shown = sorted(options - set(runtime))
     return ConfigError(
         f"{group}.{key}: not an option of {target_name}; options: {', '.join(shown) or 'none'}"
