@@ -47,6 +47,7 @@ from fedexp.core.validation import (
 )
 from fedexp.data.federated import FederatedData
 from fedexp.data.partition_report import write_partition_stats
+from fedexp.data.schemes import check_client_count
 from fedexp.data.server_pool import reserve_server_pool
 from fedexp.loggers.files import RunRecorder
 
@@ -145,6 +146,7 @@ def build_data(cfg: DictConfig, device: torch.device) -> FederatedData:
         cache_dir=cfg.paths.cache_dir,
         cache_key={"dataset": OmegaConf.to_container(cfg.dataset, resolve=True)},
     )
+    check_client_count(partition.num_clients, cfg.num_clients, cfg.clients_per_round)
     if dataset.server_x is not None:
         log.info(
             "server pool: %d training samples set aside before partitioning, held by no client "
@@ -270,8 +272,8 @@ def build_components(cfg: DictConfig, run_dir: str | Path, resume: bool = False)
     objective = resolve_objective(str(cfg.get("objective", "auto")), algorithm, data.has_val)
     attack = build(cfg.attack, "attack")
     attack.check_target(algorithm)
-    attack.setup(ctx, cfg.num_clients)
-    attack.check_cohort(cfg.num_clients, cfg.clients_per_round)
+    attack.setup(ctx, data.num_clients)  # fewer than num_clients where a natural split has
+    attack.check_cohort(data.num_clients, cfg.clients_per_round)
     executor = build(cfg.executor, "executor")
     check_executor = getattr(executor, "check_algorithm", None)
     if check_executor is not None:  # what the executor cannot train is refused before training
