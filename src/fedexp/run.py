@@ -45,6 +45,7 @@ from fedexp.core.validation import (
     validate_config,
     validate_data,
 )
+from fedexp.data import subset
 from fedexp.data.federated import FederatedData
 from fedexp.data.partition_report import write_partition_stats
 from fedexp.data.schemes import check_client_count
@@ -131,7 +132,10 @@ def resolve_device(name: str) -> torch.device:
 
 
 def build_data(cfg: DictConfig, device: torch.device) -> FederatedData:
-    dataset = build(cfg.dataset, "dataset", seed=cfg.seed, num_clients=cfg.num_clients)
+    node = OmegaConf.to_container(cfg.dataset, resolve=True)
+    cap = node.pop(subset.KEY, None)  # read here, not by the loader (`fedexp.data.subset`)
+    dataset = build(node, "dataset", seed=cfg.seed, num_clients=cfg.num_clients)
+    dataset = subset.cap_samples(dataset, cap, cfg.seed, cfg.num_clients)
     scheme = build(cfg.partition, "partition")
     # the server's pool (`partition.server_pool`), set aside before partitioning for every
     # algorithm alike: no client ever holds it (FedHeNN draws its RAD from it)

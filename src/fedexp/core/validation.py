@@ -140,6 +140,7 @@ SCALARS: dict[str, tuple[Any, tuple | None]] = {
     "partition.server_pool": (int, (">=", 0)),
     "partition.test_fraction": (float, (">=", 0)),
     "partition.classes_per_client": (int, (">=", 1)),
+    "dataset.max_samples": (int | None, (">=", 1)),
 }
 _BOUNDS = {">=": operator.ge, ">": operator.gt, "<": operator.lt}
 _SEQUENCES = (list, tuple, Sequence)
@@ -229,7 +230,7 @@ def check_types(cfg: DictConfig) -> None:
 
 # keys of a component's node that fedexp reads itself, not passed to its target
 OWN_KEYS = {"_target_", "_partial_"}
-GROUP_KEYS = {"dataset": {"max_samples"}}  # the data cap (`fedexp.data.subset`)
+GROUP_KEYS = {"dataset": {"max_samples"}}  # the data cap, `fedexp.data.subset.KEY`
 # what `build` passes besides the node (left out of the options an error lists)
 RUNTIME = {"dataset": ("seed", "num_clients"), "algorithm": ("ctx",), "privacy": ("ctx",)}
 RUNTIME["logger"] = ("run_dir",)
