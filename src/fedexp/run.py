@@ -276,7 +276,8 @@ def build_components(cfg: DictConfig, run_dir: str | Path, resume: bool = False)
     objective = resolve_objective(str(cfg.get("objective", "auto")), algorithm, data.has_val)
     attack = build(cfg.attack, "attack")
     attack.check_target(algorithm)
-    attack.setup(ctx, data.num_clients)  # fewer than num_clients where a natural split has
+    # the clients there are: fewer than num_clients where a natural split has fewer owners
+    attack.setup(ctx, data.num_clients)
     attack.check_cohort(data.num_clients, cfg.clients_per_round)
     executor = build(cfg.executor, "executor")
     check_executor = getattr(executor, "check_algorithm", None)
