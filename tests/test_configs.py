@@ -30,6 +30,10 @@ REQUIRES: dict[tuple[str, str], tuple[str, ...]] = {
     ("dataset", "mnist1d"): ("dataset.num_samples=400",),  # the default takes minutes
     ("model", "lstm_family"): ("dataset=sent140",),
     ("model", "lightning"): ("model._target_=lightning_docs_model.LitBodyHead",),
+    ("dataset", "custom"): (
+        "dataset._target_=fedexp.data.datasets.load_digits",
+        "+dataset.test_fraction=0.2",
+    ),
     ("aggregator", "rank_vote"): ("algorithm=frl",),
     ("attack", "rank_reversal"): ("algorithm=frl",),
 }

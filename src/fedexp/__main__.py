@@ -16,7 +16,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from fedexp.core.config import find_conf
+from fedexp.core.config import find_conf, labelled_choices
 from fedexp.core.summary import RunSummary
 from fedexp.errors import ConfigError
 
@@ -111,6 +111,8 @@ def app(cfg: DictConfig) -> float | None:
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     choices = {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra")}
+    # a dataset._target_ of the user's own labels the run (title, W&B, reports) by its name
+    choices = labelled_choices(choices, OmegaConf.select(cfg, "dataset._target_"))
     multirun = hc.mode == RunMode.MULTIRUN
     if multirun:
         from fedexp.core.distributed import spread_jobs_over_gpus

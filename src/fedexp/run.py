@@ -46,8 +46,10 @@ from fedexp.core.validation import (
     validate_config,
     validate_data,
 )
+from fedexp.data import subset
 from fedexp.data.federated import FederatedData
 from fedexp.data.partition_report import write_partition_stats
+from fedexp.data.schemes import check_client_count
 from fedexp.data.server_pool import reserve_server_pool
 from fedexp.loggers.files import RunRecorder
 from fedexp.loggers.progress import run_label
@@ -133,7 +135,10 @@ def resolve_device(name: str) -> torch.device:
 
 
 def build_data(cfg: DictConfig, device: torch.device) -> FederatedData:
-    dataset = build(cfg.dataset, "dataset", seed=cfg.seed, num_clients=cfg.num_clients)
+    node = OmegaConf.to_container(cfg.dataset, resolve=True)
+    cap = node.pop(subset.KEY, None)  # read here, not by the loader (`fedexp.data.subset`)
+    dataset = build(node, "dataset", seed=cfg.seed, num_clients=cfg.num_clients)
+    dataset = subset.cap_samples(dataset, cap, cfg.seed, cfg.num_clients)
     scheme = build(cfg.partition, "partition")
     # the server's pool (`partition.server_pool`), set aside before partitioning for every
     # algorithm alike: no client ever holds it (FedHeNN draws its RAD from it)
@@ -148,6 +153,7 @@ def build_data(cfg: DictConfig, device: torch.device) -> FederatedData:
         cache_dir=cfg.paths.cache_dir,
         cache_key={"dataset": OmegaConf.to_container(cfg.dataset, resolve=True)},
     )
+    check_client_count(partition.num_clients, cfg.num_clients, cfg.clients_per_round)
     if dataset.server_x is not None:
         log.info(
             "server pool: %d training samples set aside before partitioning, held by no client "
@@ -273,8 +279,9 @@ def build_components(cfg: DictConfig, run_dir: str | Path, resume: bool = False)
     objective = resolve_objective(str(cfg.get("objective", "auto")), algorithm, data.has_val)
     attack = build(cfg.attack, "attack")
     attack.check_target(algorithm)
-    attack.setup(ctx, cfg.num_clients)
-    attack.check_cohort(cfg.num_clients, cfg.clients_per_round)
+    # the clients there are: fewer than num_clients where a natural split has fewer owners
+    attack.setup(ctx, data.num_clients)
+    attack.check_cohort(data.num_clients, cfg.clients_per_round)
     executor = build(cfg.executor, "executor")
     check_executor = getattr(executor, "check_algorithm", None)
     if check_executor is not None:  # what the executor cannot train is refused before training

@@ -255,3 +255,26 @@ def test_an_attack_says_when_its_fraction_rounds_and_logs_the_realised_one(
         if warned
         else []
     )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (("model.bias=1",), "model.bias: not an option of fedexp.models.mlp.mlp; options: hidden"),
+        (("algorithm=fedprox", "algorithm.muu=0.1"), "algorithm.muu: not an option of"),
+        (("+dataset.foo=1",), "dataset.foo: not an option of fedexp.data.datasets.load_digits"),
+    ],
+)
+def test_a_key_the_target_does_not_take_is_refused_before_any_data_is_read(
+    tmp_path, monkeypatch, capsys, overrides, expected
+):
+    import fedexp.run
+
+    def read(*args, **kwargs):
+        raise AssertionError("the data were read")
+
+    monkeypatch.setattr(fedexp.run, "build_data", read)
+    code, err = cli_in_process(tmp_path, monkeypatch, capsys, *overrides)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("fedexp: error: "), err
+    assert expected in lines[0], err

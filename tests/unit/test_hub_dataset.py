@@ -166,7 +166,7 @@ def test_a_hub_name_reads_its_local_copy_and_never_downloads_by_default(tmp_path
     [
         ({"image_key": "picture"}, r"dataset.image_key: no column 'picture' .*columns: img"),
         ({"image_key": "img", "label_key": "nope"}, r"dataset.label_key: no column 'nope'"),
-        ({}, r"dataset.image_key: set exactly one of image_key and text_key"),
+        ({}, r"dataset.image_key: set exactly one of image_key, text_key and feature_keys"),
         ({"image_key": "img", "train_split": "dev"}, r"dataset.train_split: no split 'dev'"),
         ({"image_key": "img", "num_classes": 2}, r"dataset.num_classes: 2, but a label is 2"),
     ],

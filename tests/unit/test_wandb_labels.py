@@ -108,3 +108,14 @@ def test_a_plain_sweep_is_tagged_with_its_dated_dir(tmp_path):
 
 def test_no_hydra_files_no_labels(tmp_path):
     assert labels_from_run_dir(tmp_path, seed=0) is None
+
+
+def test_a_dataset_target_of_ones_own_labels_the_run_by_its_name(tmp_path):
+    run_dir = tmp_path / "run"
+    _hydra_files(run_dir, ["dataset._target_=my_data.two_blobs"], "RUN")
+    OmegaConf.save(
+        {"dataset": {"_target_": "my_data.two_blobs"}}, run_dir / ".hydra" / "config.yaml"
+    )
+    labels = labels_from_run_dir(run_dir, seed=0)
+    assert "dataset:two_blobs" in labels.tags and labels.group.endswith(" two_blobs shards")
+    assert labels.config["choices"]["dataset"] == "two_blobs"

@@ -54,7 +54,7 @@ def build(node: DictConfig | dict, name: str | None = None, **runtime: Any) -> A
     if closed:  # the signature says it all: refuse unknown keys before calling anything
         for key in params:
             if key not in options:
-                raise _not_an_option(group, key, target_name, options, runtime)
+                raise not_an_option(group, key, target_name, options, runtime)
     if is_partial:
         return functools.partial(target, **params, **runtime)
     try:
@@ -65,7 +65,43 @@ def build(node: DictConfig | dict, name: str | None = None, **runtime: Any) -> A
         found = _UNEXPECTED.search(str(err))
         if found is None or found.group(1) not in params:
             raise
-        raise _not_an_option(group, found.group(1), target_name, options, runtime) from None
+        raise not_an_option(group, found.group(1), target_name, options, runtime) from None
+
+
+def dataset_label(choice: str | None, target: str | None, conf_dir: str | None = None):
+    """The dataset's name in run titles, W&B names and reports: the `dataset=` choice, or the
+    last component of `dataset._target_` where it names another loader than that choice's YAML
+    (`dataset=custom dataset._target_=my_data.two_blobs` is `two_blobs`)."""
+    if not target or choice is None:
+        return choice
+    path = Path(conf_dir or find_conf()) / "dataset" / f"{choice}.yaml"
+    return choice if target == _yaml_target(path) else str(target).rsplit(".", 1)[-1]
+
+
+def labelled_choices(choices: dict, target: str | None) -> dict:
+    """`choices` with the dataset's label (`dataset_label`) for `dataset._target_` = target."""
+    if "dataset" not in choices:
+        return choices
+    return {**choices, "dataset": dataset_label(choices["dataset"], target)}
+
+
+def _yaml_target(path: Path, depth: int = 0) -> str | None:
+    """`_target_` of a `conf/dataset/*.yaml` (a `_global_` one under `dataset:`), or of the
+    option its defaults list extends (shakespeare: hf)."""
+    import yaml
+
+    if not path.is_file() or depth > 4:
+        return None
+    data = yaml.safe_load(path.read_text()) or {}
+    node = data.get("dataset", data) if isinstance(data.get("dataset"), dict) else data
+    if "_target_" in node:
+        return str(node["_target_"])
+    for entry in data.get("defaults") or []:
+        if isinstance(entry, str) and entry != "_self_":
+            found = _yaml_target(path.parent / f"{entry}.yaml", depth + 1)
+            if found is not None:
+                return found
+    return None
 
 
 def default_family(name: str, data_args: dict) -> Callable:
@@ -150,7 +186,7 @@ def annotations_of(target: Any) -> dict[str, Any]:
     return out
 
 
-def _not_an_option(group: str, key: str, target_name: str, options: set, runtime: dict):
+def not_an_option(group: str, key: str, target_name: str, options: set, runtime: dict):
     shown = sorted(options - set(runtime))
     return ConfigError(
         f"{group}.{key}: not an option of {target_name}; options: {', '.join(shown) or 'none'}"

@@ -22,6 +22,7 @@ from fedexp.core.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
+from fedexp.core.config import labelled_choices
 from fedexp.core.signals import Interrupted, StopSignals
 from fedexp.core.summary import RunSummary
 from fedexp.core.types import ConfigError, ServerState
@@ -283,5 +284,6 @@ def load_run_config(
         hydra = OmegaConf.to_container(read_yaml(hydra_path), resolve=False).get("hydra", {})
         runtime_choices = hydra.get("runtime", {}).get("choices", {})
         choices = {k: v for k, v in runtime_choices.items() if not k.startswith("hydra")}
+        choices = labelled_choices(choices, OmegaConf.select(cfg, "dataset._target_"))
         group = run_dir.parent.name if str(hydra.get("mode")) == "MULTIRUN" else None
     return cfg, choices, group

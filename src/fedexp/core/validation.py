@@ -141,6 +141,7 @@ SCALARS: dict[str, tuple[Any, tuple | None]] = {
     "partition.server_pool": (int, (">=", 0)),
     "partition.test_fraction": (float, (">=", 0)),
     "partition.classes_per_client": (int, (">=", 1)),
+    "dataset.max_samples": (int | None, (">=", 1)),
 }
 _BOUNDS = {">=": operator.ge, ">": operator.gt, "<": operator.lt}
 _SEQUENCES = (list, tuple, Sequence)
@@ -220,11 +221,36 @@ def check_types(cfg: DictConfig) -> None:
     check_config_values(cfg)  # resolves, required keys, the scalars, finite numbers, dirs
     nodes = [(key, obj, OmegaConf.select(cfg, key)) for key, obj in components(cfg)]
     for key, obj, node in nodes:
+        check_keys(key, obj, node)
         anns = annotations_of(obj)
         values = OmegaConf.to_container(node, resolve=True)
         for name, value in values.items():
             if name in anns:
                 check_value(f"{key}.{name}", value, anns[name])
+
+
+# keys of a component's node that fedexp reads itself, not passed to its target
+OWN_KEYS = {"_target_", "_partial_"}
+GROUP_KEYS = {"dataset": {"max_samples"}}  # the data cap, `fedexp.data.subset.KEY`
+# what `build` passes besides the node (left out of the options an error lists)
+RUNTIME = {"dataset": ("seed", "num_clients"), "algorithm": ("ctx",), "privacy": ("ctx",)}
+RUNTIME["logger"] = ("run_dir",)
+
+
+def check_keys(key: str, obj: Any, node: DictConfig) -> None:
+    """Every key of a component's node is an option of its target, where the target's signature
+    names them all (no `**kwargs`): a typo (`model.bias=1`, `algorithm.muu=0.1`) is refused
+    here, before any data is read, as `build` would refuse it later."""
+    from fedexp.core.config import accepted_options, not_an_option
+
+    options, closed = accepted_options(obj)
+    if not closed:  # `**kwargs` passed on: the callee names a key it refuses (`build`)
+        return
+    own = OWN_KEYS | GROUP_KEYS.get(key, set())
+    for name in node:
+        if name not in options and name not in own:
+            runtime = dict.fromkeys(RUNTIME.get(key.split(".")[0], ()))
+            raise not_an_option(key, str(name), node._target_, options, runtime)
 
 
 # ---- rules of the run itself --------------------------------------------------------------------

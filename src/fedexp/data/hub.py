@@ -1,25 +1,27 @@
-"""Any Hugging Face Hub dataset of images or text, read through the `datasets` library.
+"""Any Hugging Face Hub dataset of images, text or numeric features, read through `datasets`.
 
-`dataset.path` names a Hub dataset (`org/name`) or a local directory holding either a
-`save_to_disk` copy (a `DatasetDict` or a single `Dataset`) or parquet files (`train.parquet`,
-`train-00000-of-00001.parquet`, `data/train-*.parquet` as the Hub stores them, or a `train/`
-folder of parquet files). A Hub name is read from its local copy under `dataset.data_dir`
-(`<data_dir>/<org>___<name>`, written by `save_to_disk`); `dataset.download=true` fetches it
-first when that copy is missing. Nothing else touches the network.
+`dataset.path` names a Hub dataset (`org/name`), a local directory holding either a
+`save_to_disk` copy (a `DatasetDict` or a single `Dataset`) or data files (`train.parquet`,
+`train-00000-of-00001.parquet`, `data/train-*.parquet` as the Hub stores them, a `train/`
+folder of them; CSV, TSV, JSON and JSON-lines files alike: `train.csv`, `test.csv`), or one data
+file, which is the training split (`fedexp.data.hub_local`). A Hub name is read from its local
+copy under `dataset.data_dir` (`<data_dir>/<org>___<name>`, written by `save_to_disk`);
+`dataset.download=true` fetches it first when that copy is missing. Nothing else touches the
+network.
 
-One column holds the input (`image_key`: images of one size, mapped to [0, 1] by the pixel rule of
-`fedexp.data.pixels` (uint8 / 255, floats in [0, 1] kept, anything else refused unless
+The input is one image column (`image_key`: images of one size, mapped to [0, 1] by the pixel
+rule of `fedexp.data.pixels` (uint8 / 255, floats in [0, 1] kept, anything else refused unless
 `dataset.pixel_range` declares the stored range) and standardised with the training images'
-per-channel mean and std; or `text_key`: strings,
-tokenised to `seq_len` token ids with a vocabulary fitted on the clients' training rows only,
-as Sent140's), one the label (`label_key`: a `ClassLabel`, integers, booleans or strings; strings
-become class ids in sorted order), and optionally one the natural owner (`client_key`: a writer or
-user id, for `partition=natural`).
+per-channel mean and std), one text column (`text_key`: strings, tokenised to `seq_len` token ids
+with a vocabulary fitted on the clients' training rows only, as Sent140's), or numeric columns
+(`feature_keys`: a vector, standardised per feature with the training rows' mean and std). One
+column is the label (`label_key`: a `ClassLabel`, integers, booleans or strings; strings become
+class ids in sorted order), and optionally one the natural owner (`client_key`: a writer or user
+id, for `partition=natural`).
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -28,57 +30,13 @@ import torch
 
 from fedexp.data.datasets import Dataset
 from fedexp.data.files import data_error, one_line
-from fedexp.data.leaf import owner_ids, regular_file
+from fedexp.data.hub_local import BUILDERS, local_copy, read_local
+from fedexp.data.leaf import owner_ids
 from fedexp.data.pixels import check_pixel_range, decode_image, to_unit
 from fedexp.data.text import Sent140Encoder, tokenize
 from fedexp.errors import ConfigError
 
 TOKENIZERS = {"word": tokenize, "char": list}
-
-
-def local_copy(data_dir: str, path: str) -> Path:
-    """Where a Hub dataset's `save_to_disk` copy lives: `<data_dir>/<org>___<name>`."""
-    return Path(data_dir).expanduser() / path.replace("/", "___")
-
-
-def _parquet_splits(root: Path) -> dict[str, list[Path]]:
-    """Parquet files under root by split: `<split>[-*].parquet` or `<split>/*.parquet`."""
-    splits: dict[str, list[Path]] = {}
-    for f in sorted(regular_file(p) for p in root.rglob("*.parquet")):
-        rel = f.relative_to(root).parts
-        folder = [p for p in rel[:-1] if p != "data"]
-        name = folder[-1] if folder else re.split(r"[-.]", f.name, maxsplit=1)[0]
-        splits.setdefault(name, []).append(f)
-    return splits
-
-
-def read_local(root: Path) -> dict[str, Any]:
-    """{split: datasets.Dataset} from a save_to_disk directory or parquet files under root."""
-    import datasets
-    import pyarrow.parquet as pq
-
-    if (root / "dataset_dict.json").is_file() or (root / "state.json").is_file():
-        try:
-            loaded = datasets.load_from_disk(str(root))
-        except Exception as err:
-            raise data_error(root, f"not a readable save_to_disk copy ({one_line(err)})") from None
-        return dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
-    splits = _parquet_splits(root)
-    if not splits:
-        raise ConfigError(
-            f"dataset.path: {root} holds neither a save_to_disk copy (dataset_dict.json or "
-            "state.json) nor *.parquet files"
-        )
-    found = {}
-    for name, files in splits.items():
-        tables = []
-        for f in files:
-            try:
-                tables.append(pq.read_table(f))
-            except Exception as err:
-                raise data_error(f, f"not a readable parquet file ({one_line(err)})") from None
-        found[name] = datasets.concatenate_datasets([datasets.Dataset(t) for t in tables])
-    return found
 
 
 def fetch(path: str, name: str | None, revision: str | None, target: Path) -> None:
@@ -168,6 +126,7 @@ def load_hf(
     label_key: str,
     image_key: str | None,
     text_key: str | None,
+    feature_keys: list[str] | str | None,
     client_key: str | None,
     name: str | None,
     revision: str | None,
@@ -187,9 +146,13 @@ def load_hf(
     """A Hub (or local `datasets`) dataset as a `Dataset`; see the module docstring.
 
     Args:
-        path: a Hub name (`org/name`) or a local directory (save_to_disk or parquet).
+        path: a Hub name (`org/name`), a local directory (save_to_disk, parquet or data
+            files) or a data file (`.csv`, `.tsv`, `.json`, `.jsonl`, `.parquet`: the train split).
         data_dir: where Hub copies are kept (`<data_dir>/<org>___<name>`).
-        label_key, image_key, text_key, client_key: the columns (exactly one input column).
+        label_key, image_key, text_key, client_key: the columns (exactly one input: an image
+            column, a text column or `feature_keys`).
+        feature_keys: numeric columns forming a vector input, or `*`: every column but the
+            label and the owner.
         name, revision: the Hub config and revision (`download=true` only).
         download: fetch a Hub dataset whose local copy is missing.
         train_split, test_split: split names; a missing test split (or null) gives no pooled
@@ -201,9 +164,13 @@ def load_hf(
         seed: the holdout split's seed.
     """
     if not path or str(path) == "???":
-        raise ConfigError("dataset.path: required (a Hub name org/name or a local directory)")
-    if (image_key is None) == (text_key is None):
-        raise ConfigError("dataset.image_key: set exactly one of image_key and text_key")
+        raise ConfigError(
+            "dataset.path: required (a Hub name org/name, a local directory or a data file)"
+        )
+    if sum(k is not None for k in (image_key, text_key, feature_keys)) != 1:
+        raise ConfigError(
+            "dataset.image_key: set exactly one of image_key, text_key and feature_keys"
+        )
     if tokenizer not in TOKENIZERS:
         raise ConfigError(f"dataset.tokenizer: {tokenizer!r}, expected one of word, char")
     if text_key is not None and seq_len < 1:
@@ -212,7 +179,10 @@ def load_hf(
         raise ConfigError(f"dataset.test_fraction: must be in [0, 1), got {test_fraction}")
     pixel_range = check_pixel_range(pixel_range)
     root = Path(str(path)).expanduser()
-    if not root.is_dir():
+    local = root.suffix.lower() in BUILDERS or str(path).startswith(("/", ".", "~"))
+    if local and not root.exists():  # a path, not a Hub name: no Hub copy to look for
+        raise ConfigError(f"dataset.path: no file or directory {root}")
+    if not root.exists():
         root = local_copy(data_dir, str(path))
         if not root.is_dir():
             if not download:
@@ -220,10 +190,11 @@ def load_hf(
                     f"dataset.data_dir: no copy of {path} at {root} ({path} is no local "
                     "directory either); "
                     "set dataset.download=true on a machine with internet, or give "
-                    "dataset.path=<dir> holding a save_to_disk copy or parquet files"
+                    "dataset.path=<dir> holding a save_to_disk copy or data files, or "
+                    "dataset.path=<file.csv|.json|.parquet>"
                 )
             fetch(str(path), name, revision, root)
-    splits = read_local(root)
+    splits = read_local(root, train_split)
     if train_split not in splits:
         raise ConfigError(
             f"dataset.train_split: no split {train_split!r} in {root} (found {', '.join(splits)})"
@@ -241,8 +212,6 @@ def load_hf(
         num_classes,
         used,
     )
-    input_key, what = (image_key, "image_key") if image_key else (text_key, "text_key")
-    inputs = [_column(splits[s], input_key, what, s) for s in used]
     owners = None
     if client_key is not None:
         column = list(_column(splits[train_split], client_key, "client_key", train_split))
@@ -252,6 +221,12 @@ def load_hf(
                 f"row {column.index(None)} has no owner (null)",
             )
         owners = owner_ids([str(v) for v in column])
+    if feature_keys is not None:
+        keys = _feature_keys(feature_keys, splits[train_split], label_key, client_key)
+        tables = [_features(splits[s], keys, root, s) for s in used]
+        return _vector_dataset(root, tables, labels, count, owners, test_fraction, seed)
+    input_key, what = (image_key, "image_key") if image_key else (text_key, "text_key")
+    inputs = [_column(splits[s], input_key, what, s) for s in used]
     if image_key is not None:
         images = [
             _images(c, f"{root}: split {s}, column {image_key}", pixel_range)
@@ -311,6 +286,66 @@ def _image_dataset(root, used, images, labels, count, owners, test_fraction, see
         tuple(train_x.shape[1:]),
         train_client_ids=owners,
     )
+
+
+def _feature_keys(keys, split: Any, label_key: str, client_key: str | None) -> list[str]:
+    """The feature columns: as listed, or `*`: every column but the label and the owner."""
+    if keys == "*":
+        keys = [c for c in split.column_names if c not in (label_key, client_key)]
+    if isinstance(keys, str) or not keys:
+        raise ConfigError(f"dataset.feature_keys: a list of column names or '*', got {keys!r}")
+    return [str(k) for k in keys]
+
+
+def _features(split: Any, keys: list[str], root: Path, split_name: str) -> np.ndarray:
+    """Numeric columns -> a float32 (rows, len(keys)) array; anything else refused, naming it."""
+    columns = []
+    for key in keys:
+        values = _column(split, key, "feature_keys", split_name)
+        where = f"{root}: split {split_name}, column {key}"
+        try:
+            column = np.asarray(values, dtype=np.float64)
+        except (TypeError, ValueError):
+            row = next(i for i, v in enumerate(values) if not _number(v))
+            raise data_error(where, f"row {row}: {values[row]!r} is not a number") from None
+        if not np.isfinite(column).all():
+            row = int(np.flatnonzero(~np.isfinite(column))[0])
+            raise data_error(where, f"row {row}: {column[row]} (missing or not finite)")
+        columns.append(column)
+    return np.stack(columns, axis=1).astype(np.float32)
+
+
+def _number(value: Any) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _vector_dataset(root, tables, labels, count, owners, test_fraction, seed) -> Dataset:
+    """Vectors standardised per feature with the training rows' mean and std."""
+    train_x, train_y = tables[0], labels[0]
+    test_x, test_y = (tables[1], labels[1]) if len(tables) > 1 else (None, None)
+    if test_x is None and test_fraction > 0:
+        keep, held = _holdout(len(train_y), test_fraction, seed)
+        test_x, test_y = train_x[held], train_y[held]
+        train_x, train_y = train_x[keep], train_y[keep]
+        owners = owners[keep] if owners is not None else None
+    mean = train_x.mean(axis=0, dtype=np.float64)
+    std = np.maximum(train_x.std(axis=0, dtype=np.float64), 1e-6)
+
+    def scale(x):
+        return None if x is None else torch.from_numpy(((x - mean) / std).astype(np.float32))
+
+    def tensor(y):
+        return None if y is None else torch.from_numpy(y)
+
+    shape = (train_x.shape[1],)
+    return Dataset(
+        root.name, scale(train_x), tensor(train_y), scale(test_x), tensor(test_y), count, shape,
+        train_client_ids=owners,
+    )  # fmt: skip
 
 
 def _texts(column: list, where: str) -> list[str]:

@@ -136,9 +136,9 @@ def natural(
     """One client per natural owner (writer, user, generating client), in owner order.
 
     Owners with fewer than `min_samples` samples are dropped; if more than `max_clients` remain,
-    a seeded random subset of that many is kept (LEAF samples users the same way). The result
-    must have exactly `num_clients` owners (the YAML default `max_clients: ${num_clients}` makes
-    `num_clients=N` pick N of them).
+    a seeded random subset of that many is kept (LEAF samples users the same way). The YAML
+    default `max_clients: ${num_clients}` makes `num_clients=N` pick N of them; fewer owners than
+    `num_clients` give a client per owner there is (`natural_clients`), more are refused.
     """
     if client_ids is None:
         raise ConfigError(
@@ -149,7 +149,11 @@ def natural(
     eligible = np.flatnonzero(counts >= min_samples)
     if max_clients is not None and len(eligible) > max_clients:
         eligible = np.sort(rng.choice(eligible, max_clients, replace=False))
-    if num_clients != len(eligible):
+    if len(eligible) == 0:
+        raise ConfigError(
+            f"partition.min_samples: no owner of the {len(owners)} has >= {min_samples} samples"
+        )
+    if len(eligible) > num_clients:
         raise ConfigError(
             f"num_clients: the natural split has {len(eligible)} clients (owners with >= "
             f"{min_samples} samples, at most partition.max_clients={max_clients}), "
@@ -163,6 +167,19 @@ def natural(
         owner = np.where(keep[owner], owner, len(owners))  # dropped owners sort last
     order = np.argsort(owner, kind="stable")[: counts[eligible].sum()]
     return Split(order, np.concatenate([[0], np.cumsum(counts[eligible])]))
+
+
+def natural_clients(
+    num_clients: int, client_ids: np.ndarray | None, min_samples: int, max_clients: int | None
+) -> int:
+    """How many clients `natural` makes: `num_clients`, or the eligible owners where fewer."""
+    if client_ids is None:
+        return num_clients
+    counts = np.unique(client_ids, return_counts=True)[1]
+    eligible = int((counts >= min_samples).sum())
+    if max_clients is not None:
+        eligible = min(eligible, max_clients)
+    return min(eligible, num_clients)
 
 
 def multimodal(

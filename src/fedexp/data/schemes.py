@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -23,6 +24,29 @@ from fedexp.data.partition_cache import digest as _digest
 from fedexp.data.partition_cache import load as _load
 from fedexp.data.partition_cache import save as _save
 from fedexp.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def check_client_count(found: int, num_clients: int, clients_per_round: int) -> None:
+    """A split with fewer clients than `num_clients` (a natural split with fewer owners) runs
+    with the clients there are, said in one log line; a round larger than that is refused."""
+    if found >= num_clients:
+        return
+    if clients_per_round > found:
+        raise ConfigError(
+            f"clients_per_round: {clients_per_round}, but the natural split has only {found} "
+            f"clients (owners) of the num_clients={num_clients} asked; set "
+            f"clients_per_round <= {found}"
+        )
+    log.info(
+        "partition: the data have %d eligible owners, fewer than num_clients=%d: running with "
+        "%d clients, %d a round",
+        found,
+        num_clients,
+        found,
+        clients_per_round,
+    )
 
 
 class Scheme:
@@ -73,6 +97,10 @@ class Scheme:
     ) -> list[np.ndarray] | tuple[list[np.ndarray], list[str]]:
         """One index array per client (and, for schemes with client groups, their labels)."""
         raise NotImplementedError
+
+    def num_clients(self, num_clients: int, client_ids: np.ndarray | None) -> int:
+        """How many clients the assignment makes (`num_clients` unless the scheme says)."""
+        return num_clients
 
     def cache_params(self, num_classes: int | None) -> dict[str, Any]:
         """The options that decide the assignment (the cache key's `params`)."""
@@ -125,7 +153,7 @@ class Scheme:
         if cache_dir is not None:
             digest = hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
             path = Path(cache_dir).expanduser() / "partitions" / f"{digest[:20]}.npz"
-            cached = _load(path, num_clients, len(labels))
+            cached = _load(path, self.num_clients(num_clients, client_ids), len(labels))
             if cached is not None:  # a missing or unreadable file is a miss, rewritten below
                 return cached
         rng = np.random.default_rng([seed, 4242])
@@ -189,6 +217,9 @@ class Natural(Scheme):
 
     def __init__(self, min_samples: int, max_clients: int | None, **split):
         super().__init__(dict(min_samples=min_samples, max_clients=max_clients), **split)
+
+    def num_clients(self, num_clients, client_ids):
+        return P.natural_clients(num_clients, client_ids, **self.options)
 
     def assign(self, labels, num_clients, rng, client_ids, num_classes):
         return P.natural(labels, num_clients, rng, client_ids=client_ids, **self.options)

@@ -121,6 +121,18 @@ def _load(path: Path) -> dict:
     return OmegaConf.to_container(OmegaConf.load(path), resolve=False).get("hydra", {}) or {}
 
 
+def _labelled(choices: dict, config: Path) -> dict:
+    """The choices with the dataset labelled by an overridden `dataset._target_`."""
+    from omegaconf import OmegaConf
+
+    from fedexp.core.config import labelled_choices
+
+    target = (
+        OmegaConf.select(OmegaConf.load(config), "dataset._target_") if config.exists() else None
+    )
+    return labelled_choices(choices, target)
+
+
 def sweep_name(hydra: dict, sweep_dir: Path) -> str:
     """The Optuna study's name, else the sweep dir's name (with its date folder, if any)."""
     study = (hydra.get("sweeper") or {}).get("study_name")
@@ -139,6 +151,7 @@ def labels_from_run_dir(run_dir: str | Path, seed: Any) -> WandbLabels | None:
         return None
     runtime_choices = (hydra.get("runtime") or {}).get("choices") or {}
     choices = {k: v for k, v in runtime_choices.items() if not k.startswith("hydra")}
+    choices = _labelled(choices, run_dir / ".hydra" / "config.yaml")
     overrides = list((hydra.get("overrides") or {}).get("task") or [])
     tags = []
     keys: set[str] | None = None  # a single run: every override tells it apart
