@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -43,10 +44,23 @@ def main_in_process(monkeypatch, capsys, *args: str) -> tuple[int, str]:
     from fedexp.__main__ import main
 
     monkeypatch.setattr(sys, "argv", ["fedexp", *args])
+    # Hydra's job logging adds handlers on this test's captured streams: put the loggers back
+    # as they were, so a later test's log record does not go to a closed stream
+    loggers = [logging.getLogger(), *map(logging.getLogger, logging.root.manager.loggerDict)]
+    saved = [(lg, list(lg.handlers), lg.level, lg.propagate) for lg in loggers]
     try:
         main()
     except SystemExit as exit_:
         return exit_.code or 0, capsys.readouterr().err
+    finally:
+        for lg, handlers, level, propagate in saved:
+            lg.handlers[:] = handlers
+            lg.level, lg.propagate = level, propagate
+        known = {id(lg) for lg in loggers}
+        for name in list(logging.root.manager.loggerDict):
+            lg = logging.getLogger(name)
+            if id(lg) not in known:  # made during the run (its handlers are on this test's streams)
+                lg.handlers.clear()
     return 0, capsys.readouterr().err
 
 
