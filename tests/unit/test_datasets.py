@@ -22,11 +22,13 @@ from datafiles import (
     write_mnist,
 )
 from fedexp.core.types import ConfigError
+from fedexp.data import datasets
 from fedexp.data.augment import CropFlip
 from fedexp.data.datasets import (
     CIFAR10_MEAN,
     CIFAR10_STD,
     Dataset,
+    digits_arrays,
     load_cifar10,
     load_cifar100,
     load_fmnist,
@@ -39,6 +41,20 @@ load_fmnist = with_yaml(load_fmnist, "dataset", "fmnist")
 load_cifar10 = with_yaml(load_cifar10, "dataset", "cifar10")
 load_cifar100 = with_yaml(load_cifar100, "dataset", "cifar100")
 load_femnist = with_yaml(load_femnist, "dataset", "femnist", cache_dir=None)
+
+
+def test_digits_read_from_sklearns_file_equal_sklearns_loader(monkeypatch):
+    # here, not at the top: collecting this file stays free of sklearn.datasets (seconds)
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    images, labels = digits_arrays()  # the file, read without sklearn.datasets
+    assert images.shape == (1797, 8, 8) and images.dtype == bunch.images.dtype
+    assert np.array_equal(images, bunch.images) and np.array_equal(labels, bunch.target)
+    assert labels.dtype == bunch.target.dtype
+    monkeypatch.setattr(datasets.importlib.util, "find_spec", lambda name: None)
+    fallback = digits_arrays()  # no file found: sklearn's loader
+    assert np.array_equal(fallback[0], images) and np.array_equal(fallback[1], labels)
 
 
 def test_mnist_idx_plain_and_gz(tmp_path):
