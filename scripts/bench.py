@@ -7,7 +7,7 @@
     python scripts/bench.py --workload threads       # threads=auto vs every fixed thread count,
                                                      # idle and under a background load
     python scripts/bench.py --workload startup       # --help, --cfg job, completion, a config
-                                                     # error, the first progress line vs torch
+                                                     # error, a run's first round vs torch
     python scripts/bench.py --workload scale         # setup, round, evaluation and memory at
                                                      # 1 000, 10 000 and 100 000 clients
 

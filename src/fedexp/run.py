@@ -48,9 +48,10 @@ from fedexp.core.validation import (
 )
 from fedexp.data import subset
 from fedexp.data.federated import FederatedData
-from fedexp.data.partition_report import write_partition_stats
+from fedexp.data.partition_report import start_partition_stats
 from fedexp.data.schemes import check_client_count
 from fedexp.data.server_pool import reserve_server_pool
+from fedexp.loggers.base import logs_artifacts
 from fedexp.loggers.files import RunRecorder
 from fedexp.loggers.progress import run_label
 from fedexp.loggers.wandb_labels import swept_values
@@ -346,6 +347,7 @@ def run(
     checkpointer.restore_loggers(c.checkpoint)  # on resume: W&B continues the same run id
     scheme = get_object(cfg.partition._target_).name
     title = f"{c.data.dataset.name}: {scheme} partition, label shares"
+    stats = start_partition_stats(c.data, c.run_dir, title)  # the PNG drawn while rounds run
     info = RunInfo(
         run_dir=c.run_dir,
         config=OmegaConf.to_container(cfg, resolve=True),
@@ -354,7 +356,7 @@ def run(
         rounds=cfg.rounds,
         # rounds logged after the checkpoint are run (and logged) again
         resumed_from_round=int(c.checkpoint["round"]) if c.checkpoint is not None else None,
-        artifacts=write_partition_stats(c.data, c.run_dir, title),
+        artifacts=stats.wait() if logs_artifacts(orch.callbacks) else stats.artifacts,
         objective=c.objective,
     )
     run_start(orch.callbacks, info)
@@ -381,6 +383,7 @@ def run(
         save_final_models(
             c.run_dir, c.algorithm, orch.state, orch.round, cfg, c.store, c.data.num_clients
         )
+    stats.wait()  # the partition's PNG is written before the run ends
     final = {k: v for k, v in orch.last_eval.items() if not k.startswith("time/")}
     final.update(c.data.coverage)
     final["runtime/threads"] = c.threads

@@ -1,5 +1,7 @@
 """Help, the composed config, tab completion and a config error need no torch (start-up in about
-a second; the time itself is measured by `scripts/bench.py --workload startup`)."""
+a second); the default experiment starts its first round with torch and Hydra imported but none
+of the packages that cost seconds and that it does not use (the times themselves are measured by
+`scripts/bench.py --workload startup`)."""
 
 from __future__ import annotations
 
@@ -8,11 +10,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import hydra
 import pytest
+
+from fedexp.core.config import add_target_keys, find_conf
 
 REPO = Path(__file__).resolve().parents[2]
 # runs `python -m fedexp ARGS` in this interpreter, then reports whether torch (and optuna,
-# which only a search needs) was imported
+# which only a search needs) was imported, and which of the packages that a run of the default
+# experiment does not need were
 PROBE = """
 import runpy, sys
 sys.argv = ["fedexp", *sys.argv[1:]]
@@ -24,12 +30,28 @@ except SystemExit as exit_:
 print(f"torch imported: {'torch' in sys.modules}; exit {code}", file=sys.stderr)
 print(f"optuna imported: {'optuna' in sys.modules}", file=sys.stderr)
 """
+# runs `python -m fedexp ARGS` up to the start of round 1, then reports which of the packages
+# that cost seconds to import and that the default experiment does not use were imported
+FIRST_ROUND = """
+import os, runpy, sys
+from fedexp.core.orchestrator import Orchestrator
+
+def first_round(*args, **kwargs):
+    unused = ("lightning", "pytorch_lightning", "torchmetrics", "torchvision", "sklearn", "wandb")
+    print(f"imported: {[name for name in unused if name in sys.modules]}", file=sys.stderr)
+    sys.stderr.flush()
+    os._exit(0)
+
+Orchestrator.run_round = first_round
+sys.argv = ["fedexp", *sys.argv[1:]]
+runpy.run_module("fedexp", run_name="__main__")
+"""
 
 
-def probe(tmp_path, *args: str, env=None) -> subprocess.CompletedProcess:
+def probe(tmp_path, *args: str, env=None, script=PROBE) -> subprocess.CompletedProcess:
     full_env = dict(os.environ, PYTHONPATH=str(REPO / "src"), **(env or {}))
     return subprocess.run(
-        [sys.executable, "-c", PROBE, *args],
+        [sys.executable, "-c", script, *args],
         cwd=tmp_path, env=full_env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
 
@@ -86,3 +108,24 @@ def test_the_help_page_lists_every_option_a_user_picks_and_no_internal_table(tmp
     assert {"scaffold", "dp_fedavg", "centralised"} <= listed["algorithm"]
     assert not {"paper_algorithm", "experiment_algorithm", "attack_paper"} & set(listed)
     assert listed["hydra/launcher"] == {"parallel", "slurm_gpu"}
+
+
+def test_the_default_experiment_starts_without_lightning_sklearn_or_wandb(tmp_path):
+    # Lightning (with torchmetrics and torchvision), sklearn.datasets and wandb cost seconds
+    # each; the default experiment, up to its first round, uses none of them
+    env = {"FEDEXP_CACHE_DIR": str(tmp_path / "cache")}
+    proc = probe(tmp_path, f"hydra.run.dir={tmp_path}/run", env=env, script=FIRST_ROUND)
+    assert "imported: []" in proc.stderr, proc.stderr
+    assert (tmp_path / "run" / "partition_stats.csv").exists()  # it reached the first round
+
+
+def test_hydras_own_overrides_cost_no_extra_composition(monkeypatch):
+    # `hydra.run.dir=...` and `hydra/launcher=...` never name a component's key: nothing to add
+    def composed(*args, **kwargs):
+        raise AssertionError("composed the config")
+
+    monkeypatch.setattr(hydra, "initialize_config_dir", composed)
+    args = ["hydra.run.dir=/tmp/x", "hydra/launcher=parallel", "rounds=3", "algorithm=fedprox"]
+    assert add_target_keys(args, find_conf()) == args
+    with pytest.raises(AssertionError, match="composed the config"):
+        add_target_keys([*args, "client.lr=0.1"], find_conf())  # a dotted key: composed

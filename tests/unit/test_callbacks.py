@@ -12,6 +12,9 @@ import torch
 from conftest import smoke_experiment
 from fedexp.core.callbacks import Callback, RoundReport
 from fedexp.core.summary import Objective, RunSummary, Timing
+from fedexp.loggers.base import logs_artifacts
+from fedexp.loggers.files import CSVLogger, RunRecorder
+from fedexp.loggers.wandb_logger import WandbLogger
 
 
 class Recorder(Callback):
@@ -122,3 +125,10 @@ def test_a_summary_file_that_is_not_an_object_is_refused():
     with pytest.raises(ValueError, match="JSON object, not list"):
         RunSummary.from_dict([1, 2])
     assert RunSummary.from_dict({}).status == "?"  # older files lack keys: defaults
+
+
+def test_only_loggers_that_record_files_make_the_run_wait_for_the_partition_plot(tmp_path):
+    # the plot is drawn in a background thread; a logger overriding `log_artifact` gets it
+    # complete at `on_run_start`, the others do not wait for it
+    assert not logs_artifacts([RunRecorder(tmp_path), CSVLogger(tmp_path), Recorder("a", [])])
+    assert logs_artifacts([CSVLogger(tmp_path), WandbLogger.__new__(WandbLogger)])

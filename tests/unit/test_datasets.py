@@ -4,7 +4,9 @@ their real on-disk layouts; the CLI loads them through `dataset.data_dir`."""
 from __future__ import annotations
 
 import io
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -22,23 +24,55 @@ from datafiles import (
     write_mnist,
 )
 from fedexp.core.types import ConfigError
+from fedexp.data import datasets
 from fedexp.data.augment import CropFlip
 from fedexp.data.datasets import (
     CIFAR10_MEAN,
     CIFAR10_STD,
     Dataset,
+    digits_arrays,
     load_cifar10,
     load_cifar100,
     load_fmnist,
     load_mnist,
 )
+from fedexp.data.federated import FederatedData
 from fedexp.data.leaf import load_femnist
+from fedexp.data.partition import Partition
+from fedexp.data.partition_report import start_partition_stats
 
 load_mnist = with_yaml(load_mnist, "dataset", "mnist")
 load_fmnist = with_yaml(load_fmnist, "dataset", "fmnist")
 load_cifar10 = with_yaml(load_cifar10, "dataset", "cifar10")
 load_cifar100 = with_yaml(load_cifar100, "dataset", "cifar100")
 load_femnist = with_yaml(load_femnist, "dataset", "femnist", cache_dir=None)
+
+
+def test_digits_are_read_from_sklearns_file_without_sklearn_datasets(monkeypatch):
+    images, labels = digits_arrays()
+    assert images.shape == (1797, 8, 8) and images.dtype == np.float64 and labels.dtype == int
+    assert images[0, 0].tolist() == [0, 0, 5, 13, 9, 1, 0, 0] and labels[0] == 0  # first row
+    assert images[-1, -1].tolist() == [0, 1, 8, 12, 14, 12, 1, 0] and labels[-1] == 8  # last
+    # the class sizes scikit-learn's description gives (about 180 images a digit)
+    assert np.bincount(labels).tolist() == [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]
+    monkeypatch.setattr(datasets.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setitem(sys.modules, "sklearn.datasets", SimpleNamespace(load_digits=lambda: 0))
+    with pytest.raises(AttributeError, match="images"):  # no file found: sklearn's loader
+        digits_arrays()
+
+
+@pytest.mark.slow
+def test_digits_read_from_sklearns_file_equal_sklearns_loader(monkeypatch):
+    # here, not at the top: collecting this file stays free of sklearn.datasets (seconds)
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    images, labels = digits_arrays()  # the file, read without sklearn.datasets
+    assert images.dtype == bunch.images.dtype and labels.dtype == bunch.target.dtype
+    assert np.array_equal(images, bunch.images) and np.array_equal(labels, bunch.target)
+    monkeypatch.setattr(datasets.importlib.util, "find_spec", lambda name: None)
+    fallback = digits_arrays()  # no file found: sklearn's loader
+    assert np.array_equal(fallback[0], images) and np.array_equal(fallback[1], labels)
 
 
 def test_mnist_idx_plain_and_gz(tmp_path):
@@ -254,8 +288,8 @@ def test_label_distribution_png_goes_to_every_logger(tmp_path, monkeypatch):
         def log_metrics(self, metrics, step):
             pass
 
-        def log_artifact(self, path, kind):
-            self.artifacts.append((Path(path).name, kind))
+        def log_artifact(self, path, kind):  # the file is complete when it is handed over
+            self.artifacts.append((Path(path).name, kind, Path(path).read_bytes()[:4]))
 
         def finish(self, summary):
             pass
@@ -265,8 +299,19 @@ def test_label_distribution_png_goes_to_every_logger(tmp_path, monkeypatch):
         cfg = compose("config", overrides=["debug=smoke", "rounds=1"])
     logger = Recording()
     Experiment(cfg, tmp_path).run([logger])
-    assert ("partition_labels.png", "partition/label_distribution") in logger.artifacts
-    assert (tmp_path / "partition_labels.png").read_bytes()[:4] == b"\x89PNG"
+    png = ("partition_labels.png", "partition/label_distribution", b"\x89PNG")
+    assert png in logger.artifacts
+
+
+def test_the_partition_plot_drawn_in_the_background_raises_its_error_when_waited_for(tmp_path):
+    x, y = torch.zeros(8, 2), torch.arange(8) % 2
+    train = [np.arange(4), np.arange(4, 8)]
+    data = FederatedData(Dataset("hand", x, y, x, y, 2, (2,)), Partition(train, train), "cpu")
+    (tmp_path / "partition_labels.png").mkdir()  # the PNG cannot be written
+    stats = start_partition_stats(data, tmp_path, "hand")
+    assert (tmp_path / "partition_stats.csv").read_text().splitlines()[1] == "0,,4,4,0,2,2"
+    with pytest.raises(IsADirectoryError):
+        stats.wait()
 
 
 def test_natural_split_on_a_dataset_without_client_ids_is_one_line(tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from functools import partial
 
 import lightning as L
 import numpy as np
@@ -18,6 +19,7 @@ from conftest import REPO
 from fedexp.algorithms.fedavg import FedAvg
 from fedexp.algorithms.fedprox import FedProx
 from fedexp.algorithms.fedrep import FedRep
+from fedexp.core import client as client_module
 from fedexp.core.client import ClientModule
 from fedexp.core.executors import SequentialExecutor
 from fedexp.core.orchestrator import logged_means
@@ -27,6 +29,7 @@ from fedexp.core.vectorized import VectorizedExecutor
 from fedexp.data.datasets import Dataset
 from fedexp.data.federated import FederatedData
 from fedexp.data.partition import Partition
+from fedexp.models.mlp import mlp
 from handworld import client_cfg, make_ctx
 from lightning_docs_model import LitBodyHead, LitModel
 
@@ -180,6 +183,26 @@ def test_client_modules_are_lightning_modules_and_steps_return_dicts_or_tensors(
     batch = (torch.zeros(4, 1, 28, 28), torch.tensor([0, 1, 1, 0]))
     loss = module.training_step(batch, 0)  # LitBodyHead returns {"loss": ...}
     assert loss.shape == () and module.log_capture.take_step().keys() == {"train_loss", "train_acc"}
+
+
+@pytest.mark.parametrize("executor", [SequentialExecutor(), VectorizedExecutor(None)])
+def test_plain_and_lightning_client_modules_train_bit_identically(monkeypatch, executor):
+    # without Lightning imported, a client module is a plain nn.Module of its own class
+    data = sized_clients()
+    factory = partial(mlp, input_shape=(2,), num_classes=2, hidden=(4,))
+    algorithms = {"fedavg": FedAvg, "fedprox": partial(FedProx, mu=0.5), "fedrep": FedRep}
+    uploads = {}
+    for in_play in (True, False):
+        monkeypatch.setattr(client_module, "lightning_in_play", lambda in_play=in_play: in_play)
+        for name, make in algorithms.items():
+            torch.manual_seed(0)
+            algo = make(make_ctx(data, factory=factory, batch_size=2, seed=3))
+            assert isinstance(algo.module, L.LightningModule) is in_play
+            assert isinstance(algo.module, ClientModule)
+            uploads[in_play, name] = one_round(algo, data, executor)
+    for name in algorithms:
+        for a, b in zip(uploads[True, name], uploads[False, name]):
+            assert torch.equal(a.upload.values, b.upload.values) and a.train_loss == b.train_loss
 
 
 def test_a_lightning_factory_gets_only_the_data_arguments_it_names():

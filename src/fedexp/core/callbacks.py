@@ -46,7 +46,10 @@ class RunInfo:
         group: the multirun sweep's name (None for a single run).
         rounds: the last round of the run.
         resumed_from_round: the checkpoint's round on resume (rounds after it run again), else None.
-        artifacts: (path, kind) of the files written before the first round (partition statistics).
+        artifacts: (path, kind) of the files written before the first round (partition
+            statistics). The PNG among them is drawn while the first rounds run unless a logger
+            that records files (`log_artifact`) is among the callbacks; it is complete when
+            the run ends.
         objective: the resolved `objective` (`auto` made a metric name), if known.
     """
 

@@ -1,12 +1,14 @@
-"""The client half of every algorithm: a LightningModule whose training_step is the objective.
+"""The client half of every algorithm: a module whose training_step is the local objective.
 
 Executors drive `training_step` and `configure_optimizers` themselves (no Trainer per client): a
 fresh `Trainer.fit` per client costs 1.5-4x a plain loop. A module may train in several phases
 (FedRep: head, then body), each with its own trainable parameters and epoch count.
 
-Lightning is imported when the first client module is built, not when this file is: importing
-it costs seconds, and `--help`, config checks and algorithm imports never need it. Each
-`ClientModule` class gets its LightningModule form (`lightning_class`) on first instantiation.
+Lightning is in play only when something else imported it (a model of the user's that is a
+LightningModule, a model file importing it): a client module built then is a LightningModule
+(`lightning_class`, made once per class), one built without it a plain `nn.Module` with the same
+methods fedexp calls. Importing Lightning costs seconds (with torchmetrics and torchvision) and
+no fedexp client needs it: executors drive `training_step` and `configure_optimizers` themselves.
 
 The task loss is a seam (`task_loss`): cross-entropy of the model, or the model's own
 `training_step` when the model is a researcher's LightningModule (`fedexp.core.user_module`);
@@ -16,6 +18,7 @@ reported as `client/<name>`.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -77,11 +80,17 @@ class JointOptimizer:
 _LIGHTNING_CLASSES: dict[type, type] = {}
 
 
+def lightning_in_play() -> bool:
+    """Whether Lightning was imported already (by a model of the user's or its file)."""
+    return "lightning" in sys.modules or "pytorch_lightning" in sys.modules
+
+
 def lightning_class(cls: type) -> type:
-    """`cls` with `LightningModule` among its bases (made once per class; Lightning's import
-    happens here). Its methods come first, so it behaves as `cls(LightningModule)` would."""
+    """`cls` with `LightningModule` among its bases (made once per class). Its methods come
+    first, so it behaves as `cls(LightningModule)` would."""
     made = _LIGHTNING_CLASSES.get(cls)
     if made is None:
+        # here for start-up time: Lightning is imported only where a user's module brought it
         import lightning as L
 
         if issubclass(cls, L.LightningModule):
@@ -98,7 +107,8 @@ def lightning_class(cls: type) -> type:
 class ClientModule(nn.Module):
     """Local objective of FedAvg: the task loss on the client's data. Subclasses add their term.
 
-    An instance is a LightningModule (`lightning_class`). The model's parameter list is read
+    An instance is a LightningModule (`lightning_class`) when Lightning is in play
+    (`lightning_in_play`), else an `nn.Module` of this class. The model's parameter list is read
     once per model object (walking the module tree costs more than a step of a small model):
     give the module a new model rather than adding or removing parameters inside the one it
     has.
@@ -109,7 +119,7 @@ class ClientModule(nn.Module):
     uses_task_loss = True
 
     def __new__(cls, *args, **kwargs):
-        return super().__new__(lightning_class(cls))
+        return super().__new__(lightning_class(cls) if lightning_in_play() else cls)
 
     def __init__(self, model: nn.Module, client: ClientConfig):
         super().__init__()

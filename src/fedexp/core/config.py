@@ -194,9 +194,11 @@ def not_an_option(group: str, key: str, target_name: str, options: set, runtime:
 
 
 def _all_plain(args: list[str], conf_dir: str) -> bool:
-    """Every override selects a group or sets a top-level key of config.yaml (no dotted key)."""
+    """Every override selects a group or sets a top-level key of config.yaml (no dotted key),
+    or is Hydra's own (`hydra.run.dir=...`, `hydra/launcher=...`: Hydra checks those)."""
     import yaml
 
+    args = [a for a in args if not a.startswith(("hydra.", "hydra/"))]
     keys = [a.partition("=")[0] for a in args]
     if any("." in k or "/" in k or k[:1] in "+~" or "=" not in a for k, a in zip(keys, args)):
         return False

@@ -11,6 +11,8 @@ Sentiment140 live in `leaf.py` and `text.py`.
 
 from __future__ import annotations
 
+import gzip
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,15 +93,32 @@ def _split_holdout(x, y, fraction: float, seed: int):
     return x[train], y[train], x[test], y[test]
 
 
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """(images (1797, 8, 8) float64, labels (1797,) int): scikit-learn's bundled digits, read
+    from the file scikit-learn ships (`sklearn/datasets/data/digits.csv.gz`: 64 pixels and the
+    label a row) the way `sklearn.datasets.load_digits` reads it, without importing
+    `sklearn.datasets` (seconds of start-up); that loader where the file is not found."""
+    spec = importlib.util.find_spec("sklearn")  # finds the package without importing it
+    origin = spec.origin if spec is not None else None
+    path = Path(origin).parent / "datasets" / "data" / "digits.csv.gz" if origin else None
+    if path is None or not path.is_file():
+        # here for start-up time: sklearn.datasets is imported only without the file
+        from sklearn.datasets import load_digits as sk_digits
+
+        bunch = sk_digits()
+        return bunch.images, bunch.target
+    with gzip.open(path, mode="rt", encoding="utf-8") as file:
+        data = np.loadtxt(file, delimiter=",")
+    return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(int, copy=False)
+
+
 def load_digits(test_fraction: float, seed: int = 0, **_) -> Dataset:
     """scikit-learn's bundled 8x8 handwritten digits (1797 images, shipped with the package)."""
-    from sklearn.datasets import load_digits as sk_digits
-
-    bunch = sk_digits()
+    images, labels = digits_arrays()
     # the pixel rule with the set's own documented range, 0..16 (`fedexp.data.pixels`)
-    x = torch.from_numpy(to_unit(bunch.images, "sklearn digits", (0.0, 16.0))).unsqueeze(1)
+    x = torch.from_numpy(to_unit(images, "sklearn digits", (0.0, 16.0))).unsqueeze(1)
     x = (x - 0.3) / 0.4  # roughly zero-mean, unit-variance pixels
-    y = torch.tensor(bunch.target, dtype=torch.long)
+    y = torch.tensor(labels, dtype=torch.long)
     tx, ty, vx, vy = _split_holdout(x, y, test_fraction, seed)
     return Dataset("digits", tx, ty, vx, vy, 10, (1, 8, 8))
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -98,6 +100,45 @@ def write_partition_stats(
         run_dir: the run directory.
         title: the plot's title.
     """
+    return start_partition_stats(data, run_dir, title, background=False).wait()
+
+
+class PartitionStats:
+    """The partition's files (`write_partition_stats`): the CSV written, the PNG drawn in a
+    thread of its own when `background` (matplotlib's import and the drawing take a second or
+    two, which the first rounds need not wait for). `wait()` returns (path, kind) of both, the
+    plot first, once the PNG is written, and raises what drawing it raised."""
+
+    def __init__(self, artifacts: tuple[tuple[Path, str], ...], draw, background: bool):
+        self.artifacts = artifacts
+        self._error: BaseException | None = None
+        self._thread = None
+        if background:
+            self._thread = threading.Thread(target=self._draw, args=(draw,), name="partition-plot")
+            self._thread.start()
+        else:
+            draw()
+
+    def _draw(self, draw) -> None:
+        try:
+            draw()
+        except BaseException as err:  # re-raised by wait(), in the thread that waits
+            self._error = err
+
+    def wait(self) -> tuple[tuple[Path, str], ...]:
+        if self._thread is not None:
+            self._thread.join()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        return self.artifacts
+
+
+def start_partition_stats(
+    data, run_dir: str | Path, title: str = "", background: bool = True
+) -> PartitionStats:
+    """Write `partition_stats.csv` now and start drawing the label-distribution PNG (in a
+    background thread unless `background=False`); `PartitionStats.wait()` for both files."""
     run_dir = Path(run_dir)
     counts = class_counts(data.train_labels(), data.partition, data.num_classes)
     path = run_dir / "partition_stats.csv"
@@ -116,5 +157,8 @@ def write_partition_stats(
         rows = zip(data.groups, table.tolist())
         body = "".join(f"{c},{g}," + ",".join(map(str, r)) + "\n" for c, (g, r) in enumerate(rows))
     path.write_text(header + "\n" + body)
-    plot = plot_label_distribution(counts, run_dir / "partition_labels.png", title)
-    return ((plot, "partition/label_distribution"), (path, "partition/class_counts"))
+    plot = run_dir / "partition_labels.png"
+    artifacts = ((plot, "partition/label_distribution"), (path, "partition/class_counts"))
+    return PartitionStats(
+        artifacts, partial(plot_label_distribution, counts, plot, title), background
+    )

@@ -44,3 +44,11 @@ class Logger(Callback):
 
     def finish(self, summary: RunSummary) -> None:
         """Close the log with the run's summary."""
+
+
+def logs_artifacts(callbacks) -> bool:
+    """Whether one of `callbacks` is a logger that records files (overrides `log_artifact`):
+    the files written before the first round must then be complete at `on_run_start`."""
+    return any(
+        isinstance(c, Logger) and type(c).log_artifact is not Logger.log_artifact for c in callbacks
+    )
