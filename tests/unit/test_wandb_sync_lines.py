@@ -78,7 +78,12 @@ def test_the_sweep_line_names_a_command_that_wandb_sync_accepts(tmp_path, monkey
     from wandb.cli.cli import sync
 
     monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "false")  # `make test` sets it; the dry run prints
+    from wandb.errors import term
+
+    # an earlier wandb.init in this process (WANDB_SILENT, as `make test` sets) silences wandb's
+    # terminal output for the rest of the process; the dry run must print
+    monkeypatch.setattr(term, "_silent", False)
+    monkeypatch.setattr(term, "_show_info", True)
     paths = sorted(str(p) for p in sweep.glob("*/wandb/offline-run-*"))  # as the shell expands
     found = CliRunner().invoke(sync, ["--dry-run", *paths])
     assert found.exit_code == 0 and "Would sync 2 run(s)" in found.output, found.output
