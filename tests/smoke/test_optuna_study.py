@@ -67,7 +67,11 @@ def test_a_killed_search_resumes_from_its_study(tmp_path):
     first = study(tmp_path).trials
     assert [t.state for t in first] == [TrialState.COMPLETE, TrialState.RUNNING]
 
-    run_cli(*args, cwd=tmp_path)  # the same command and sweep dir continue the study
+    resumed = run_cli(*args, cwd=tmp_path)  # the same command and sweep dir continue the study
+    both = resumed.stdout + resumed.stderr  # no set-up chatter; the sweep's table and report
+    assert "alembic" not in both and "A new study created" not in both
+    assert "3 runs in 3 groups, differing in" in resumed.stdout
+    assert (tmp_path / "search" / "report" / "report.md").exists()
     trials = study(tmp_path).trials
     assert trials[0].value == first[0].value and trials[0].params == first[0].params
     assert trials[1].state == TrialState.FAIL and trials[1].user_attrs["interrupted"]

@@ -78,12 +78,3 @@ def test_progress_false_keeps_the_lines_in_the_log_only(tmp_path):
     proc = run_cli(*SMOKE, "hydra.run.dir=run", cwd=tmp_path)  # debug=smoke: progress=false
     assert "round 2/2" not in proc.stdout
     assert "round 2/2  train/loss " in (tmp_path / "run" / "__main__.log").read_text()
-
-
-def test_an_optuna_search_prints_no_set_up_chatter_and_ends_with_its_table(tmp_path):
-    proc = run_cli("hparams_search=fedprox_mu", *SMOKE, "hydra.sweeper.n_trials=2",
-                   "hydra.sweep.dir=search", cwd=tmp_path)  # fmt: skip
-    both = proc.stdout + proc.stderr
-    assert "alembic" not in both and "A new study created" not in both
-    assert "2 runs in 2 groups, differing in" in proc.stdout
-    assert (tmp_path / "search" / "report" / "report.md").exists()
