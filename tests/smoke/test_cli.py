@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import run_dirs, summaries
+from conftest import main_in_process, run_dirs, summaries
 from wandb_offline import history, run_info
 
 SMOKE = ("debug=smoke",)
@@ -77,14 +77,28 @@ BAD_INPUTS = [
 ]
 
 
-@pytest.mark.parametrize("overrides,message", BAD_INPUTS)
-def test_bad_input_gives_one_line_error_and_no_run_dir(cli, overrides, message):
+def test_bad_input_gives_one_line_error_and_no_run_dir(cli):
+    # the interpreter's path once; the other inputs in-process (the same main())
+    overrides, message = BAD_INPUTS[0]
     proc = cli(*overrides, check=False)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], proc.stderr
     assert not list((cli.cwd / "outputs").rglob("*.json"))
     assert not any(p.is_dir() for p in (cli.cwd / "outputs" / "runs").glob("*/*"))
+
+
+@pytest.mark.parametrize("overrides,message", BAD_INPUTS[1:])
+def test_bad_input_in_process_is_one_line_and_no_run_dir(
+    overrides, message, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FEDEXP_DATA_DIR", str(tmp_path / "data"))
+    code, err = main_in_process(monkeypatch, capsys, *overrides)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and message in lines[0], err
+    assert not list((tmp_path / "outputs").rglob("*.json"))
+    assert not any(p.is_dir() for p in (tmp_path / "outputs" / "runs").glob("*/*"))
 
 
 def test_unknown_option_is_hydras_error(cli):

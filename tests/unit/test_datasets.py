@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from components import with_yaml
-from conftest import REPO, run_dirs, summaries
+from conftest import REPO, main_in_process, run_dirs, summaries
 from datafiles import (
     cifar10_batch,
     py2_cifar_pickle,
@@ -355,11 +355,15 @@ def test_cli_every_image_dataset_from_its_default_data_dir(cli):
     assert len(set(sizes)) == 6
 
 
-def test_cli_missing_data_dir_exits_2_with_one_line(cli):
-    proc = cli("debug=smoke", "dataset=mnist", "dataset.data_dir=/nonexistent/x", check=False)
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("fedexp: error: dataset.data_dir: MNIST")
+def test_cli_missing_data_dir_exits_2_with_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    args = ("debug=smoke", "dataset=mnist", "dataset.data_dir=/nonexistent/x")
+    code, err = main_in_process(monkeypatch, capsys, *args)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1
+    assert lines[0].startswith("fedexp: error: dataset.data_dir: MNIST")
+    assert not list((tmp_path / "outputs").rglob("*.json"))
+    assert not any(p.is_dir() for p in (tmp_path / "outputs" / "runs").glob("*/*"))
 
 
 def _offline(*_a, **_k):
