@@ -165,8 +165,13 @@ def smoke_command(command: DocCommand, run_dir: Path, sweep_dir: Path, out: Path
     return ["-m", "fedexp", *sized]
 
 
+# `--vary` values of a size key that fit a smoke population (6 clients)
+SMOKE_VARY = {"clients_per_round": "2,3", "num_clients": "6,8", "rounds": "1,2"}
+
+
 def _claims_smoke(args: list[str], out: Path) -> list[str]:
-    """A claims command at smoke size: one seed, two rounds, claim 1 unless it names some."""
+    """A claims command at smoke size: one seed, two rounds, claim 1 unless it names some;
+    a `--vary` of a population or round count takes values that fit the smoke population."""
     kept, skip = [], False
     for arg in args:
         if skip:
@@ -175,6 +180,8 @@ def _claims_smoke(args: list[str], out: Path) -> list[str]:
         if arg in ("--seeds", "--out"):
             skip = True
             continue
+        if kept and kept[-1] == "--vary" and arg.split("=")[0] in SMOKE_VARY:
+            arg = f"{arg.split('=')[0]}={SMOKE_VARY[arg.split('=')[0]]}"
         kept.append(arg)
     if "--only" not in kept:
         kept += ["--only", "1"]

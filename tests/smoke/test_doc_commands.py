@@ -2,13 +2,15 @@
 
 The commands are read from the pages themselves (tests/doc_commands.py), so a page that shows a
 command the code refuses fails here. Image datasets are tiny files in the real on-disk formats
-(tests/datafiles.py); `<run dir>` and `<date>/<time>` are a run and a sweep made once. The ones
+(tests/datafiles.py); `<run dir>` and `<date>/<time>` are a run and a sweep made once; a
+`resume=` gets a copy of that run without its summary (killed after its last checkpoint). The ones
 that need a GPU, a download, a W&B account or the user's own files are in `SKIPPED`, with why.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -59,7 +61,9 @@ def world(tmp_path_factory) -> dict:
     env = _env(root)
     run_dir, sweep_dir = root / "made" / "run", root / "made" / "sweep"
     made = [
-        ["-m", "fedexp", "debug=smoke", f"hydra.run.dir={run_dir}"],
+        # three rounds, a checkpoint at round 2: with its summary removed, a run killed in round 3
+        ["-m", "fedexp", "debug=smoke", "rounds=3", "checkpoint_every=2"]
+        + [f"hydra.run.dir={run_dir}"],
         ["-m", "fedexp", "-m", "debug=smoke", "seed=0,1", f"hydra.sweep.dir={sweep_dir}"],
     ]
     for args in made:
@@ -73,7 +77,12 @@ def test_documented_command_runs(command, world, tmp_path):
     reason = skip_reason(command)
     if reason:
         pytest.skip(reason)
-    args = smoke_command(command, world["run_dir"], world["sweep_dir"], tmp_path)
+    run_dir = world["run_dir"]
+    if "resume=" in command.text:  # a run killed after its checkpoint, as the docs mean
+        run_dir = tmp_path / "killed"
+        shutil.copytree(world["run_dir"], run_dir)
+        (run_dir / "summary.json").unlink()
+    args = smoke_command(command, run_dir, world["sweep_dir"], tmp_path)
     proc = _python(args, tmp_path, world["env"])
     assert proc.returncode == 0, (
         f"{command.id}: {command.text}\nran: python {' '.join(args)}\n"
