@@ -256,16 +256,23 @@ def _holdout(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray
     return np.sort(perm[n_test:]), np.sort(perm[:n_test])
 
 
+def _splits(inputs, labels, owners, test_fraction: float, seed: int):
+    """(train x, train y, test x, test y, owners): the test split where the data have one, else
+    a seeded `test_fraction` of the training rows held out (None without either)."""
+    train_x, train_y = inputs[0], labels[0]
+    if len(inputs) > 1:
+        return train_x, train_y, inputs[1], labels[1], owners
+    if test_fraction <= 0:
+        return train_x, train_y, None, None, owners
+    keep, held = _holdout(len(train_y), test_fraction, seed)
+    owners = owners[keep] if owners is not None else None
+    return train_x[keep], train_y[keep], train_x[held], train_y[held], owners
+
+
 def _image_dataset(root, used, images, labels, count, owners, test_fraction, seed) -> Dataset:
     if len(images) > 1 and images[0].shape[1:] != images[1].shape[1:]:
         raise data_error(root, f"{used[1]} images differ in size from the {used[0]} images")
-    train_x, train_y = images[0], labels[0]
-    test_x, test_y = (images[1], labels[1]) if len(images) > 1 else (None, None)
-    if test_x is None and test_fraction > 0:
-        keep, held = _holdout(len(train_y), test_fraction, seed)
-        test_x, test_y = train_x[held], train_y[held]
-        train_x, train_y = train_x[keep], train_y[keep]
-        owners = owners[keep] if owners is not None else None
+    train_x, train_y, test_x, test_y, owners = _splits(images, labels, owners, test_fraction, seed)
     # per-channel statistics of the training images (the pooled test set is scaled alike)
     mean = train_x.mean(axis=(0, 2, 3), dtype=np.float64)
     std = np.maximum(train_x.std(axis=(0, 2, 3), dtype=np.float64), 1e-6)
@@ -325,13 +332,7 @@ def _number(value: Any) -> bool:
 
 def _vector_dataset(root, tables, labels, count, owners, test_fraction, seed) -> Dataset:
     """Vectors standardised per feature with the training rows' mean and std."""
-    train_x, train_y = tables[0], labels[0]
-    test_x, test_y = (tables[1], labels[1]) if len(tables) > 1 else (None, None)
-    if test_x is None and test_fraction > 0:
-        keep, held = _holdout(len(train_y), test_fraction, seed)
-        test_x, test_y = train_x[held], train_y[held]
-        train_x, train_y = train_x[keep], train_y[keep]
-        owners = owners[keep] if owners is not None else None
+    train_x, train_y, test_x, test_y, owners = _splits(tables, labels, owners, test_fraction, seed)
     mean = train_x.mean(axis=0, dtype=np.float64)
     std = np.maximum(train_x.std(axis=0, dtype=np.float64), 1e-6)
 
