@@ -28,36 +28,29 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_map
 
 from fedexp.core.algorithm import Algorithm
 from fedexp.core.checkpoint import check_saveable, config_hash, save_atomic
 from fedexp.core.client_store import state_bytes
+from fedexp.core.personal_eval import holds_tensor, tensor_attrs
 
 MODEL_FILE = "model.pt"
 PERSONAL_DIR = "personal_models"
 FORMAT = 1
 
 
-def _holds_tensor(value: Any) -> bool:
-    return any(torch.is_tensor(v) for v in tree_flatten(value)[0])
-
-
 def module_attrs(model: nn.Module) -> dict[str, dict[str, Any]]:
-    """The public attributes of `model`'s submodules that hold tensors or None (per-model inputs
-    such as factor masks), copied: submodule name -> {attribute: value}. The same attributes
-    the batched personal evaluation stacks (`fedexp.core.personal_eval`)."""
-    out = {}
-    for name, sub in model.named_modules():
-        found = {
-            k: tree_map(lambda v: v.detach().clone() if torch.is_tensor(v) else v, v)
-            for k, v in vars(sub).items()
-            if not k.startswith("_") and k not in ("training", "generator")
-            and (v is None or _holds_tensor(v))
-        }  # fmt: skip
-        if found:
-            out[name] = found
-    return out
+    """The tensor attributes of `model`'s submodules (`personal_eval.tensor_attrs`: per-model
+    inputs such as factor masks), copied: submodule name -> {attribute: value}."""
+    return {
+        name: {k: tree_map(_clone, vars(sub)[k]) for k in keys}
+        for name, (sub, keys) in tensor_attrs(model).items()
+    }
+
+
+def _clone(value: Any) -> Any:
+    return value.detach().clone() if torch.is_tensor(value) else value
 
 
 def load_attrs(model: nn.Module, attrs: dict[str, dict[str, Any]]) -> None:
@@ -107,7 +100,7 @@ def loads_into_factory_model(factory: Any, record: dict) -> bool:
     """Whether the record loads into a fresh model of the factory as it is: the same
     `state_dict` keys and shapes, no tensor attributes (not so for FRL's supermask twin or
     WAFFLe's factorised layers, which the algorithm builds from it)."""
-    if any(_holds_tensor(v) for v in record["attrs"].values()):
+    if any(holds_tensor(v) for v in record["attrs"].values()):
         return False
     try:
         with torch.random.fork_rng(devices=[]):

@@ -37,8 +37,24 @@ class _Snapshot:
     key: tuple  # clients with equal keys are stacked together
 
 
-def _holds_tensor(value) -> bool:
+def holds_tensor(value) -> bool:
     return any(torch.is_tensor(v) for v in tree_flatten(value)[0])
+
+
+def tensor_attrs(model: nn.Module) -> dict[str, tuple[nn.Module, list[str]]]:
+    """The public attributes of `model`'s submodules that hold tensors or None (per-model inputs
+    such as factor masks): submodule name -> (the submodule, those attribute names)."""
+    out = {}
+    for name, sub in model.named_modules():
+        found = [
+            k
+            for k, v in vars(sub).items()
+            if not k.startswith("_") and k not in ("training", "generator")
+            and (v is None or holds_tensor(v))
+        ]  # fmt: skip
+        if found:
+            out[name] = (sub, found)
+    return out
 
 
 class _Layout:
@@ -53,15 +69,8 @@ class _Layout:
         self.tensors = [*model.named_parameters(), *model.named_buffers()]
         self.attrs = {}
         self.modules = {}
-        for name, sub in model.named_modules():
-            found = [
-                k
-                for k, v in vars(sub).items()
-                if not k.startswith("_") and k not in ("training", "generator")
-                and (v is None or _holds_tensor(v))
-            ]  # fmt: skip
-            if found:
-                self.attrs[name], self.modules[name] = found, sub
+        for name, (sub, found) in tensor_attrs(model).items():
+            self.attrs[name], self.modules[name] = found, sub
 
     def snapshot(self, first: _Snapshot | None) -> _Snapshot:
         tensors = {}
