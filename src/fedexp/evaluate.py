@@ -20,12 +20,18 @@ from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+from rich.table import Table
+from torch.utils._pytree import tree_map
 
 from fedexp.core.algorithm import Algorithm, PersonalBatch
 from fedexp.core.checkpoint import config_hash
 from fedexp.core.config import find_conf
+from fedexp.core.evaluation import evaluate
 from fedexp.core.final_model import MODEL_FILE, load_attrs
+from fedexp.core.resume import read_yaml
 from fedexp.errors import ConfigError
+from fedexp.loggers.files import write_json_atomic
 
 SPLITS = ("test", "val")
 OVERRIDABLE = ("split", "dataset", "device", "threads")
@@ -110,8 +116,6 @@ class SavedModels:
 
 
 def _to(value, device):
-    from torch.utils._pytree import tree_map
-
     return tree_map(lambda v: v.to(device) if torch.is_tensor(v) else v, value)
 
 
@@ -146,10 +150,7 @@ def run_config(run_dir: Path, overrides: list[str] = ()) -> tuple[DictConfig, st
     path = run_dir / ".hydra" / "config.yaml"
     if not path.is_file():
         raise ConfigError(f"{run_dir} is not a run dir (no .hydra/config.yaml)")
-    try:
-        cfg = OmegaConf.load(path)
-    except Exception as err:
-        raise ConfigError(f"{path} is not a readable config ({type(err).__name__})") from None
+    cfg = read_yaml(path, "evaluate")
     named = [o for o in overrides if o.partition("=")[0] == "dataset"]
     tag = []
     for override in named[-1:]:
@@ -171,6 +172,7 @@ def open_run(run_dir: str | Path, overrides: list[str] = ()):
     """(config, components, `SavedModels`, the data's tag or None) of a run dir's final models,
     its components rebuilt from its saved config with `overrides`; a one-line ConfigError when
     it is not a run dir, has no (readable) model.pt, or was written for another config."""
+    # here for start-up time: a bad command line is answered before the run's modules load
     from fedexp.run import build_components
 
     run_dir = Path(run_dir)
@@ -197,9 +199,6 @@ def evaluate_run(
     run_dir: str | Path, split: str = "test", overrides: list[str] = ()
 ) -> tuple[dict, dict]:
     """Evaluate a run dir's final models; returns (metrics of `split`, the report written)."""
-    from fedexp.core.evaluation import evaluate
-    from fedexp.loggers.files import write_json_atomic
-
     run_dir = Path(run_dir)
     if split not in SPLITS:
         raise ConfigError(f"split: must be one of {', '.join(SPLITS)}, got {split!r}")
@@ -232,9 +231,6 @@ def evaluate_run(
 
 
 def print_report(report: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     on = f" on {report['dataset']}" if report["dataset"] else ""
     table = Table(title=f"{report['run_dir']}: round {report['round']}, {report['split']}{on}")
     table.add_column("metric")

@@ -226,17 +226,18 @@ RUN_FILES = (
 RESUME_OVERRIDABLE = ("device", "threads", "progress", "progress_every_s", "checkpoint_every")
 
 
-def read_yaml(path: Path) -> DictConfig:
-    """A run dir's saved YAML mapping; anything else is a one-line ConfigError naming it."""
+def read_yaml(path: Path, who: str = "resume") -> DictConfig:
+    """A run dir's saved YAML mapping; anything else is a one-line ConfigError naming it (and
+    `who` read it: `resume`, `evaluate`)."""
     try:
         cfg = OmegaConf.load(path)
     except Exception as err:  # YAML syntax, undecodable bytes, unreadable file
         first = (str(err).strip().splitlines() or [""])[0][:120]
         raise ConfigError(
-            f"resume: {path} is not a readable config ({type(err).__name__}: {first})"
+            f"{who}: {path} is not a readable config ({type(err).__name__}: {first})"
         ) from None
     if isinstance(cfg, ListConfig) or not isinstance(cfg, DictConfig):
-        raise ConfigError(f"resume: {path} is not a config (a mapping of keys)")
+        raise ConfigError(f"{who}: {path} is not a config (a mapping of keys)")
     return cfg
 
 
