@@ -39,6 +39,7 @@ from typing import Any, Literal, Union
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
+from fedexp.core.config import accepted_options, not_an_option
 from fedexp.errors import ConfigError, with_checks  # noqa: F401 - with_checks is part of this API
 
 ConfigCheck = Callable[[DictConfig], None]
@@ -241,8 +242,6 @@ def check_keys(key: str, obj: Any, node: DictConfig) -> None:
     """Every key of a component's node is an option of its target, where the target's signature
     names them all (no `**kwargs`): a typo (`model.bias=1`, `algorithm.muu=0.1`) is refused
     here, before any data is read, as `build` would refuse it later."""
-    from fedexp.core.config import accepted_options, not_an_option
-
     options, closed = accepted_options(obj)
     if not closed:  # `**kwargs` passed on: the callee names a key it refuses (`build`)
         return
