@@ -169,7 +169,7 @@ class OptunaStudySweeper(Sweeper):
             if earlier is None:
                 trials.append(trial)
                 continue
-            study._storage.set_trial_user_attr(trial._trial_id, REPEATS, earlier.number)
+            trial.set_user_attr(REPEATS, earlier.number)
             study.tell(trial, earlier.value)
             log.info(
                 "trial %d proposes the parameters of trial %d: its value %.6g is recorded, no run",
