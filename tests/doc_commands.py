@@ -94,28 +94,30 @@ def _expand(text: str, env: dict[str, str]) -> str:
 
 
 def commands() -> list[DocCommand]:
-    """Every `python -m fedexp...` command of the README and docs/*.md code blocks.
+    """Every `python -m fedexp...` command of the README and docs/*.md code blocks."""
+    return [c for path in DOCS for c in commands_in(path.read_text(), str(path.relative_to(REPO)))]
 
-    Shell variables set in a block (`S="seed=0,1,2"; P="..."`) are expanded in the commands after.
-    """
+
+def commands_in(page: str, name: str) -> list[DocCommand]:
+    """The `python -m fedexp...` commands of one page's code blocks: continuation lines joined,
+    comments dropped, shell variables set in a block (`S="seed=0,1,2"; P="..."`) expanded."""
     found = []
-    for path in DOCS:
-        lines = _code_lines(path.read_text())
-        env: dict[str, str] = {}
-        i = 0
-        while i < len(lines):
-            number, line = lines[i]
-            text = _uncomment(line).strip().lstrip("$ ").strip()
-            while text.endswith("\\") and i + 1 < len(lines) and lines[i + 1][0] == lines[i][0] + 1:
-                i += 1
-                text = text[:-1].rstrip() + " " + _uncomment(lines[i][1]).strip()
-            for part in text.split(";"):
-                match = ASSIGNMENT.match(part.strip())
-                if match:
-                    env[match.group(1)] = _expand(match.group(2).strip("\"'"), env)
-            if text.startswith("python -m fedexp"):
-                found.append(DocCommand(str(path.relative_to(REPO)), number, _expand(text, env)))
+    lines = _code_lines(page)
+    env: dict[str, str] = {}
+    i = 0
+    while i < len(lines):
+        number, line = lines[i]
+        text = _uncomment(line).strip().lstrip("$ ").strip()
+        while text.endswith("\\") and i + 1 < len(lines) and lines[i + 1][0] == lines[i][0] + 1:
             i += 1
+            text = text[:-1].rstrip() + " " + _uncomment(lines[i][1]).strip()
+        for part in text.split(";"):
+            match = ASSIGNMENT.match(part.strip())
+            if match:
+                env[match.group(1)] = _expand(match.group(2).strip("\"'"), env)
+        if text.startswith("python -m fedexp"):
+            found.append(DocCommand(name, number, _expand(text, env)))
+        i += 1
     return found
 
 

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from doc_commands import SKIPPED, DocCommand, _code_lines, commands, skip_reason, smoke_command
+from doc_commands import (
+    SKIPPED,
+    DocCommand,
+    _code_lines,
+    commands,
+    commands_in,
+    skip_reason,
+    smoke_command,
+)
 
 
 def test_reads_fenced_and_indented_blocks_joins_lines_and_expands_variables():
@@ -20,6 +28,10 @@ def test_reads_fenced_and_indented_blocks_joins_lines_and_expands_variables():
     )
     lines = dict(_code_lines(text))
     assert 1 not in lines and 3 in lines and 6 in lines
+    assert [(c.line, c.text) for c in commands_in(text, "x.md")] == [
+        (3, "python -m fedexp a=1"),
+        (7, "python -m fedexp -m b=2 c=3 x=1 seed=0,1"),
+    ]
 
 
 def test_every_page_command_is_found_and_every_skip_entry_is_used():
