@@ -47,8 +47,8 @@ def measure_one(clients: int, algorithm: str, cache: str, run_dir: str) -> dict:
     import torch
     from hydra import compose, initialize_config_dir
 
-    import fedexp.core.orchestrator as orchestrator_module
-    from fedexp.core.config import find_conf
+    import fedexp.engine.orchestrator as orchestrator_module
+    from fedexp.config.build import find_conf
     from fedexp.data.partition_report import write_partition_stats
     from fedexp.run import Experiment
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from bench import WORKLOADS, fedexp_config, run_fedexp
-from fedexp.core.threads import available_cores
 from fedexp.run import Experiment
+from fedexp.runtime.threads import available_cores
 
 LOAD_SECONDS = 900
 # rounds per workload: a few seconds a run with one thread on 2 cores

@@ -16,7 +16,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from fedexp.core.config import find_conf, labelled_choices
+from fedexp.config.build import find_conf, labelled_choices
 from fedexp.core.summary import RunSummary
 from fedexp.errors import ConfigError
 
@@ -84,7 +84,7 @@ def print_table(summary: RunSummary, choices: dict, title: str | None = None, be
     from rich.console import Console
     from rich.table import Table
 
-    from fedexp.core.validation import NO_OBJECTIVE
+    from fedexp.config.validation import NO_OBJECTIVE
 
     table = Table(title=f"{title or run_title(choices)} — {summary.status}")
     table.add_column("metric")
@@ -115,7 +115,7 @@ def app(cfg: DictConfig) -> float | None:
     choices = labelled_choices(choices, OmegaConf.select(cfg, "dataset._target_"))
     multirun = hc.mode == RunMode.MULTIRUN
     if multirun:
-        from fedexp.core.distributed import spread_jobs_over_gpus
+        from fedexp.runtime.ranks import spread_jobs_over_gpus
 
         spread_jobs_over_gpus(hc.job.num)
     group = Path(hc.sweep.dir).name if multirun else None
@@ -136,7 +136,7 @@ def execute(
 ) -> float | None:
     """Build, run and report one job; returns the `objective` metric (None if diverged or, in
     a multirun, refused). The run holds its run dir's lock until it returns."""
-    from fedexp.core import run_dir as rundir
+    from fedexp.runtime import run_dir as rundir
 
     try:
         rundir.claim(run_dir, fresh=not resume)
@@ -174,11 +174,11 @@ def _execute(
             for key, node in (cfg.logger or {}).items()
         ]
         if multirun:  # a trial of an Optuna study (hydra/sweeper=optuna_study) reports each round
-            from fedexp.core.pruning import trial_pruner
+            from fedexp.runtime.pruning import trial_pruner
 
             loggers += [p for p in [trial_pruner(experiment.objective)] if p is not None]
     except (ConfigError, OSError) as err:  # OSError: a file the build reads or writes
-        from fedexp.core.run_dir import os_error_line
+        from fedexp.runtime.run_dir import os_error_line
 
         if isinstance(err, OSError):
             err = ConfigError(os_error_line(err, run_dir))
@@ -188,17 +188,17 @@ def _execute(
             return None
         _detach_file_logs(run_dir)
         if not resume:
-            from fedexp.core.run_dir import discard
+            from fedexp.runtime.run_dir import discard
 
             discard(run_dir)  # nothing half-written; a dir that existed keeps its old entries
         else:
             _resume_log(keep=False)  # a refused resume leaves the run dir as it was
         sys.exit(EXIT_CONFIG)
     _resume_log(keep=True)
-    from fedexp.core.distributed import is_output_rank
-    from fedexp.core.run_dir import one_line, os_error_line, resume_hint
-    from fedexp.core.signals import StoppedAtOnce
     from fedexp.loggers.progress import ProgressBar, progress_callbacks
+    from fedexp.runtime.ranks import is_output_rank
+    from fedexp.runtime.run_dir import one_line, os_error_line, resume_hint
+    from fedexp.runtime.signals import StoppedAtOnce
 
     output_rank = is_output_rank()  # under torchrun only rank 0 logs and prints
     every_s = OmegaConf.select(cfg, "progress_every_s", default=None)  # absent: an older run dir
@@ -240,7 +240,7 @@ def _execute(
         if not multirun:
             sys.exit(EXIT_DIVERGED)
         return None  # a sweeper records a failed trial and goes on with the other jobs
-    from fedexp.core.validation import NO_OBJECTIVE
+    from fedexp.config.validation import NO_OBJECTIVE
 
     if summary.objective.value is None and summary.objective.name != NO_OBJECTIVE:
         logging.getLogger(__name__).warning(
@@ -250,10 +250,10 @@ def _execute(
 
 
 def check_scalars(cfg: DictConfig) -> None:
-    """The config as values, checked without torch (`fedexp.core.config_values`): it resolves,
+    """The config as values, checked without torch (`fedexp.config.values`): it resolves,
     has the keys a run needs, the run scalars' types and ranges, finite numbers everywhere and
     directories that can be; the components' options are checked when they are built."""
-    from fedexp.core.config_values import check_config_values
+    from fedexp.config.values import check_config_values
 
     check_config_values(cfg)
 
@@ -274,7 +274,7 @@ def record_error(
     try:
         RunRecorder(run_dir).write_summary(summary)
     except OSError as write_err:  # the disk that failed the job may fail this too
-        from fedexp.core.run_dir import os_error_line
+        from fedexp.runtime.run_dir import os_error_line
 
         print(f"fedexp: error: {os_error_line(write_err, run_dir)}", file=sys.stderr)
 
@@ -326,8 +326,9 @@ LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # Hydra's, 
 def resume_main(args: list[str]) -> None:
     """`python -m fedexp resume=<run dir> [device=... progress=... checkpoint_every=...]` (any
     of `RESUME_OVERRIDABLE`)."""
-    from fedexp.core.resume import load_run_config
-    from fedexp.core.run_dir import claim, refuse
+    from fedexp.config.saved import load_run_config
+    from fedexp.runtime.resume import check_resumable
+    from fedexp.runtime.run_dir import claim, refuse
 
     run_dir, overrides = None, []
     for arg in args:
@@ -339,6 +340,7 @@ def resume_main(args: list[str]) -> None:
     try:
         if "-m" in overrides or "--multirun" in overrides:
             raise ConfigError("resume: resume one run dir at a time (no -m)")
+        check_resumable(run_dir)
         cfg, choices, group = load_run_config(run_dir, overrides)
         claim(run_dir, fresh=False, key="resume")  # before the log below writes into it
     except ConfigError as err:
@@ -374,7 +376,7 @@ def _resume_requested(args: list[str]) -> bool:
 
 
 def instantiate_logger(node, run_dir: Path, name: str = "logger"):
-    from fedexp.core.config import build
+    from fedexp.config.build import build
 
     return build(node, name, run_dir=run_dir)
 
@@ -387,20 +389,20 @@ def main() -> None:
         print(help_text(Path(find_conf())), end="")
         return
     if int(os.environ.get("WORLD_SIZE", 1)) > 1:
-        from fedexp.core.distributed import prepare_rank
+        from fedexp.runtime.ranks import prepare_rank
 
         sys.argv = [sys.argv[0], *prepare_rank(sys.argv[1:])]  # torchrun: rank > 0 writes nothing
     if _resume_requested(sys.argv[1:]):
         resume_main(sys.argv[1:])
     else:
-        from fedexp.core.config import add_target_keys
+        from fedexp.config.build import add_target_keys
 
         try:  # `algorithm.k=...` missing from the YAML: build() checks it against the target
             sys.argv = [sys.argv[0], *add_target_keys(sys.argv[1:], find_conf())]
         except ConfigError as err:
             print(f"fedexp: error: {err}", file=sys.stderr)
             sys.exit(EXIT_CONFIG)
-        from fedexp.core import run_dir
+        from fedexp.runtime import run_dir as run_dir
 
         run_dir.sweep_exit_code = 0
         app()

@@ -1,5 +1,6 @@
 """The bottom layer: the error every layer raises for a configuration that cannot run, and the
-hook by which a function component declares its own checks.
+hook by which a function component declares its own checks, and the directory check that
+both the config checks and the run dir's lock make.
 
 It imports nothing of fedexp, so any package may use it (see the layers in pyproject.toml).
 """
@@ -7,6 +8,7 @@ It imports nothing of fedexp, so any package may use it (see the layers in pypro
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -21,7 +23,7 @@ DataCheck = Callable[[Any, Any], None]  # check_data(cfg, data)
 def with_checks(config: ConfigCheck | None = None, data: DataCheck | None = None):
     """Attach `check_config` / `check_data` to a function component (model factory, loader).
 
-    `fedexp.core.validation` runs them before any training (see its module docstring).
+    `fedexp.config.validation` runs them before any training (see its module docstring).
     """
 
     def attach(obj):
@@ -32,3 +34,14 @@ def with_checks(config: ConfigCheck | None = None, data: DataCheck | None = None
         return obj
 
     return attach
+
+
+def check_directory(key: str, path: Path) -> None:
+    """`path` is a directory, or nothing yet with a directory as its nearest existing parent."""
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{key}: {path} is a file, not a directory")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(f"{key}: {path} is under {parent}, which is a file")
+            return

@@ -1,10 +1,10 @@
 """`python -m fedexp.evaluate <run dir> [split=test|val] [dataset=<name>] [device=...]`: evaluate
-the final models a run saved (`model.pt`, `personal_models/`; `fedexp.core.final_model`).
+the final models a run saved (`model.pt`, `personal_models/`; `fedexp.runtime.final_model`).
 
 The run's components are rebuilt from its `.hydra/config.yaml` (the data, partitioned as in
 the run, and the algorithm, whose evaluation modules take the saved weights), and the saved
 global and personal models are evaluated exactly as a run evaluates them
-(`fedexp.core.evaluation.evaluate`): the same metric names (`eval/global/acc`,
+(`fedexp.engine.eval.evaluate.evaluate`): the same metric names (`eval/global/acc`,
 `eval/personal/acc_mean`, ...; `eval/val/...` with `split=val`), and on the run's own data the
 same values as the run's final evaluation. They go to `<run dir>/evaluate/<split>.json`
 (`<split>-<tag>.json` on other data: `dataset=<name>` evaluates on another dataset of
@@ -24,14 +24,14 @@ from rich.console import Console
 from rich.table import Table
 from torch.utils._pytree import tree_map
 
+from fedexp.config.build import find_conf
+from fedexp.config.saved import read_yaml
 from fedexp.core.algorithm import Algorithm, PersonalBatch
-from fedexp.core.checkpoint import config_hash
-from fedexp.core.config import find_conf
-from fedexp.core.evaluation import evaluate
-from fedexp.core.final_model import MODEL_FILE, load_attrs
-from fedexp.core.resume import read_yaml
+from fedexp.engine.eval.evaluate import evaluate
 from fedexp.errors import ConfigError
 from fedexp.loggers.files import write_json_atomic
+from fedexp.runtime.checkpoint import config_hash
+from fedexp.runtime.final_model import MODEL_FILE, load_attrs
 
 SPLITS = ("test", "val")
 OVERRIDABLE = ("split", "dataset", "device", "threads")

@@ -16,53 +16,53 @@ import torch
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
-from fedexp.core.aggregation import check_aggregator
+from fedexp.config.build import build, default_family
+from fedexp.config.validation import (
+    NO_OBJECTIVE,
+    check_objective_name,
+    validate_config,
+    validate_data,
+)
 from fedexp.core.algorithm import Algorithm, BuildContext
-from fedexp.core.audit_callback import AuditCallback
 from fedexp.core.callbacks import Callback, RunInfo, run_end, run_start
-from fedexp.core.checkpoint import (
+from fedexp.core.client import OPTIMIZERS
+from fedexp.core.client_store import ClientStore
+from fedexp.core.local import ClientConfig
+from fedexp.core.summary import Objective, RunSummary, Timing
+from fedexp.core.types import ConfigError, Diverged
+from fedexp.core.user_module import factory_arguments
+from fedexp.data import subset
+from fedexp.data.federated import FederatedData
+from fedexp.data.partition_report import start_partition_stats
+from fedexp.data.schemes import check_client_count
+from fedexp.data.server_pool import reserve_server_pool
+from fedexp.engine.aggregation import check_aggregator
+from fedexp.engine.orchestrator import Orchestrator
+from fedexp.loggers.base import logs_artifacts
+from fedexp.loggers.files import RunRecorder
+from fedexp.loggers.progress import run_label
+from fedexp.loggers.wandb_labels import swept_values
+from fedexp.runtime.audit_callback import AuditCallback
+from fedexp.runtime.checkpoint import (
     CHECKPOINT_FILE,
     check_resumed_data,
     check_sections,
     config_hash,
     load_checkpoint,
 )
-from fedexp.core.client import OPTIMIZERS
-from fedexp.core.client_store import ClientStore
-from fedexp.core.config import build
-from fedexp.core.final_model import save_final_models
-from fedexp.core.local import ClientConfig
-from fedexp.core.orchestrator import Orchestrator
-from fedexp.core.pruning import Pruned
-from fedexp.core.resume import Checkpointer
-from fedexp.core.signals import Interrupted
-from fedexp.core.summary import Objective, RunSummary, Timing
-from fedexp.core.threads import apply_threads
-from fedexp.core.types import ConfigError, Diverged
-from fedexp.core.user_module import factory_arguments
-from fedexp.core.validation import (
-    NO_OBJECTIVE,
-    check_objective_name,
-    validate_config,
-    validate_data,
-)
-from fedexp.data import subset
-from fedexp.data.federated import FederatedData
-from fedexp.data.partition_report import start_partition_stats
-from fedexp.data.schemes import check_client_count
-from fedexp.data.server_pool import reserve_server_pool
-from fedexp.loggers.base import logs_artifacts
-from fedexp.loggers.files import RunRecorder
-from fedexp.loggers.progress import run_label
-from fedexp.loggers.wandb_labels import swept_values
+from fedexp.runtime.final_model import save_final_models
+from fedexp.runtime.pruning import Pruned
+from fedexp.runtime.resume import Checkpointer
+from fedexp.runtime.signals import Interrupted
+from fedexp.runtime.threads import apply_threads
 
 log = logging.getLogger(__name__)
 
 
 def validate(cfg: DictConfig) -> None:
-    """Checks that need no data: the config as values (`fedexp.core.config_values`), types and
+    """Checks that need no data: the config as values (`fedexp.config.values`), types and
     ranges (`check_types`), then the relations between scalars; one line naming the key."""
-    from fedexp.core.validation import check_types
+    from fedexp.config.validation import check_types
 
     check_types(cfg)
     checks = [
@@ -274,6 +274,7 @@ def build_components(cfg: DictConfig, run_dir: str | Path, resume: bool = False)
         seed=cfg.seed,
         store=store,
         model_args=model_args,
+        family=partial(default_family, data_args=model_args),
     )
     algorithm = build(cfg.algorithm, "algorithm", ctx=ctx)
     check_aggregator(ctx.aggregator, algorithm)
@@ -358,6 +359,8 @@ def run(
         resumed_from_round=int(c.checkpoint["round"]) if c.checkpoint is not None else None,
         artifacts=stats.wait() if logs_artifacts(orch.callbacks) else stats.artifacts,
         objective=c.objective,
+        choices=choices,
+        checkpoint_file=CHECKPOINT_FILE,
     )
     run_start(orch.callbacks, info)
     state, start_round = None, 1
@@ -379,7 +382,7 @@ def run(
             status = "pruned"
             log.info("%s", err)
     wall = time.perf_counter() - start
-    if orch.state is not None:  # model.pt, personal_models/ (`fedexp.core.final_model`)
+    if orch.state is not None:  # model.pt, personal_models/ (`fedexp.runtime.final_model`)
         save_final_models(
             c.run_dir, c.algorithm, orch.state, orch.round, cfg, c.store, c.data.num_clients
         )

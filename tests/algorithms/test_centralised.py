@@ -4,11 +4,11 @@ import torch
 from components import with_yaml
 from fedexp.algorithms.centralised import Centralised
 from fedexp.algorithms.fedavg import FedAvg
-from fedexp.core.executors import SequentialExecutor
 from fedexp.core.types import RoundContext
 from fedexp.data.datasets import Dataset
 from fedexp.data.federated import FederatedData
 from fedexp.data.partition import Partition
+from fedexp.engine.executors.sequential import SequentialExecutor
 from handworld import make_ctx, small_mlp
 
 FedAvg = with_yaml(FedAvg, "algorithm", "fedavg")

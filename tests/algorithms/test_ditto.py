@@ -8,9 +8,10 @@ from fedexp.algorithms.ditto import Ditto
 from fedexp.algorithms.fedavg import FedAvg
 from fedexp.core.algorithm import flat_params
 from fedexp.core.client import ClientModule
-from fedexp.core.executors import SequentialExecutor, train_local
+from fedexp.core.client_loop import train_local
 from fedexp.core.seeding import client_generator
 from fedexp.core.types import ConfigError, RoundContext
+from fedexp.engine.executors.sequential import SequentialExecutor
 from handworld import make_ctx, one_client_data, small_mlp
 
 Ditto = with_yaml(Ditto, "algorithm", "ditto")

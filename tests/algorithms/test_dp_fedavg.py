@@ -12,9 +12,9 @@ from conftest import run_dirs
 from fedexp.aggregators.median import median
 from fedexp.algorithms.dp_fedavg import DP_NOISE_STREAM, DPFedAvg, clip_rows
 from fedexp.algorithms.fedavg import FedAvg
-from fedexp.core.executors import SequentialExecutor
 from fedexp.core.seeding import derive_seed
 from fedexp.core.types import ClientResult, ConfigError, RoundContext, ServerState, Weights
+from fedexp.engine.executors.sequential import SequentialExecutor
 from handworld import make_ctx, small_mlp
 
 DPFedAvg = with_yaml(DPFedAvg, "algorithm", "dp_fedavg")

@@ -5,8 +5,8 @@ from fedexp.algorithms.fedavg import FedAvg
 from fedexp.algorithms.fedprox import FedProx
 from fedexp.algorithms.fedrep import FedRep
 from fedexp.core.algorithm import flat_params
-from fedexp.core.executors import SequentialExecutor
 from fedexp.core.types import ClientResult, RoundContext, ServerState, Weights
+from fedexp.engine.executors.sequential import SequentialExecutor
 from handworld import make_ctx, small_mlp
 
 FedAvg = with_yaml(FedAvg, "algorithm", "fedavg")

@@ -8,12 +8,12 @@ from components import with_yaml
 from conftest import main_in_process
 from fedexp.algorithms.fedavg import FedAvg
 from fedexp.algorithms.fedbn import FedBN, bn_layers
-from fedexp.core.executors import SequentialExecutor
 from fedexp.core.types import ConfigError, RoundContext
-from fedexp.core.vectorized import VectorizedExecutor
 from fedexp.data.datasets import Dataset
 from fedexp.data.federated import FederatedData
 from fedexp.data.partition import Partition
+from fedexp.engine.executors.sequential import SequentialExecutor
+from fedexp.engine.executors.vectorized import VectorizedExecutor
 from handworld import bn_mlp, make_ctx, small_mlp
 
 FedAvg = with_yaml(FedAvg, "algorithm", "fedavg")

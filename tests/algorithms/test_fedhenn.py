@@ -23,9 +23,8 @@ from fedexp.algorithms.fedhenn_alignment import (
 )
 from fedexp.core.algorithm import flat_params
 from fedexp.core.client import ClientModule
+from fedexp.core.client_loop import train_local
 from fedexp.core.client_store import ClientStore
-from fedexp.core.executors import train_local
-from fedexp.core.orchestrator import Orchestrator
 from fedexp.core.seeding import (
     CLIENT,
     INIT,
@@ -35,6 +34,7 @@ from fedexp.core.seeding import (
     sample_clients,
 )
 from fedexp.core.types import ClientResult, ConfigError, RoundContext, ServerState, Weights
+from fedexp.engine.orchestrator import Orchestrator
 from fedexp.loggers.base import Logger
 from fedexp.metrics.cka import linear_kernel
 from fedexp.models.family import cnn_family

@@ -6,9 +6,10 @@ from components import with_yaml
 from fedexp.algorithms.fedper import FedPer
 from fedexp.core.algorithm import flat_params
 from fedexp.core.client import ClientModule
-from fedexp.core.executors import SequentialExecutor, train_local
+from fedexp.core.client_loop import train_local
 from fedexp.core.seeding import client_generator
 from fedexp.core.types import RoundContext
+from fedexp.engine.executors.sequential import SequentialExecutor
 from fedexp.metrics.comm import FLOAT_BITS
 from handworld import make_ctx, one_client_data, small_mlp
 

@@ -11,8 +11,8 @@ from torch import nn
 from components import with_yaml
 from conftest import main_in_process
 from fedexp.algorithms.fedproto import FedProto, Prototypes, class_prototypes
-from fedexp.core.executors import SequentialExecutor
 from fedexp.core.types import ClientResult, ConfigError, RoundContext, ServerState
+from fedexp.engine.executors.sequential import SequentialExecutor
 from fedexp.models.mlp import BodyHead
 from handworld import make_ctx, small_mlp
 

@@ -5,9 +5,10 @@ import torch
 from fedexp.algorithms.local import Local
 from fedexp.core.algorithm import flat_params
 from fedexp.core.client import ClientModule
-from fedexp.core.executors import SequentialExecutor, train_local
+from fedexp.core.client_loop import train_local
 from fedexp.core.seeding import client_generator
 from fedexp.core.types import RoundContext
+from fedexp.engine.executors.sequential import SequentialExecutor
 from handworld import make_ctx, small_mlp
 
 

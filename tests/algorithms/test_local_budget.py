@@ -14,8 +14,8 @@ from fedexp.algorithms.fedper import FedPer
 from fedexp.algorithms.fedproto import FedProto
 from fedexp.algorithms.fedrep import FedRep
 from fedexp.algorithms.local import Local
-from fedexp.core.executors import SequentialExecutor
 from fedexp.core.types import ConfigError, RoundContext
+from fedexp.engine.executors.sequential import SequentialExecutor
 from handworld import make_ctx, one_client_data, small_mlp
 
 OPTIONS = {

@@ -10,8 +10,8 @@ from components import with_yaml
 from fedexp.aggregators.median import median
 from fedexp.algorithms.fedavg import FedAvg
 from fedexp.algorithms.qffl import QFedAvg, QfflUpload, qffl_step
-from fedexp.core.executors import SequentialExecutor
 from fedexp.core.types import ClientResult, ConfigError, RoundContext, ServerState
+from fedexp.engine.executors.sequential import SequentialExecutor
 from handworld import make_ctx, small_mlp
 
 FedAvg = with_yaml(FedAvg, "algorithm", "fedavg")

@@ -16,12 +16,12 @@ from fedexp.algorithms.fedrep import FedRep
 from fedexp.algorithms.local import Local
 from fedexp.algorithms.scaffold import Scaffold
 from fedexp.attacks import NoAttack
-from fedexp.core.executors import SequentialExecutor
-from fedexp.core.orchestrator import Orchestrator
 from fedexp.core.types import ConfigError, RoundContext
 from fedexp.data.datasets import Dataset
 from fedexp.data.federated import FederatedData
 from fedexp.data.partition import Partition
+from fedexp.engine.executors.sequential import SequentialExecutor
+from fedexp.engine.orchestrator import Orchestrator
 from handworld import bn_mlp, make_ctx
 
 FedAvg = with_yaml(FedAvg, "algorithm", "fedavg")

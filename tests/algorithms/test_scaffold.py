@@ -6,9 +6,9 @@ import torch
 from components import with_yaml
 from fedexp.algorithms.fedavg import FedAvg
 from fedexp.algorithms.scaffold import Scaffold, ScaffoldPayload, ScaffoldUpload
-from fedexp.core.executors import SequentialExecutor
 from fedexp.core.local import LocalTraining, PhaseTraining
 from fedexp.core.types import ClientResult, ConfigError, RoundContext, ServerState
+from fedexp.engine.executors.sequential import SequentialExecutor
 from handworld import make_ctx, small_mlp
 
 FedAvg = with_yaml(FedAvg, "algorithm", "fedavg")

@@ -15,12 +15,12 @@ from fedexp.algorithms.fedavg import FedAvg
 from fedexp.algorithms.waffle import DictionaryPayload, WAFFLe
 from fedexp.core.algorithm import BuildContext, flat_params
 from fedexp.core.client_store import ClientStore
-from fedexp.core.executors import SequentialExecutor
 from fedexp.core.local import ClientConfig
 from fedexp.core.types import ClientResult, ConfigError, RoundContext, ServerState, Weights
 from fedexp.data.datasets import Dataset
 from fedexp.data.federated import FederatedData
 from fedexp.data.partition import Partition
+from fedexp.engine.executors.sequential import SequentialExecutor
 from fedexp.models.cnn import lenet5
 from fedexp.models.mlp import mlp
 

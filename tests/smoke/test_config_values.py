@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf, open_dict
 
 from conftest import main_in_process
-from fedexp.core.config_values import check_config_values
+from fedexp.config.values import check_config_values
 from fedexp.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ import json
 import torch
 
 from conftest import main_in_process
-from fedexp.core.checkpoint import CHECKPOINT_FILE
+from fedexp.runtime.checkpoint import CHECKPOINT_FILE
 
 # FedAvg on digits with client.lr=10 overflows within 4 rounds (train/loss ~1e21 after round 1)
 EXPLODES = "client.lr=10"

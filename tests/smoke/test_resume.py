@@ -14,10 +14,10 @@ from omegaconf import OmegaConf
 
 from components import wandb_options
 from conftest import main_in_process
-from fedexp.core.checkpoint import CHECKPOINT_FILE, save_checkpoint
-from fedexp.core.run_dir import LOCK_FILE
 from fedexp.core.types import ConfigError
 from fedexp.loggers.files import CSVLogger
+from fedexp.runtime.checkpoint import CHECKPOINT_FILE, save_checkpoint
+from fedexp.runtime.run_dir import LOCK_FILE
 
 REPO = Path(__file__).resolve().parents[2]
 ALGORITHMS = sorted(p.stem for p in (REPO / "conf" / "algorithm").glob("[!_]*.yaml"))

@@ -14,8 +14,8 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import main_in_process
-from fedexp.core.checkpoint import CHECKPOINT_FILE, save_checkpoint
-from fedexp.core.run_dir import LOCK_FILE
+from fedexp.runtime.checkpoint import CHECKPOINT_FILE, save_checkpoint
+from fedexp.runtime.run_dir import LOCK_FILE
 
 
 def digest(run_dir: Path) -> str:
@@ -100,7 +100,7 @@ def test_a_refused_resume_leaves_the_run_dir_byte_for_byte(
 
 @pytest.mark.parametrize("bits", [1, 1 << 20])
 def test_any_changed_bit_of_a_weight_fails_the_checksum(tmp_path, bits):
-    from fedexp.core.checkpoint import content_checksum
+    from fedexp.runtime.checkpoint import content_checksum
 
     payload = {"server": {"params": torch.linspace(-1, 1, 64)}, "round": 3}
     changed = {"server": {"params": payload["server"]["params"].clone()}, "round": 3}

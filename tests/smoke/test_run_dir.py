@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import main_in_process
-from fedexp.core.run_dir import LOCK_FILE, claim, discard
+from fedexp.runtime.run_dir import LOCK_FILE, claim, discard
 
 HOLD_LOCK = (
     "import fcntl, os, sys, time\n"

@@ -14,9 +14,9 @@ import torch
 
 import faults
 from conftest import main_in_process
-from fedexp.core import run_dir as rundir
-from fedexp.core.checkpoint import CHECKPOINT_FILE
 from fedexp.errors import ConfigError
+from fedexp.runtime import run_dir as rundir
+from fedexp.runtime.checkpoint import CHECKPOINT_FILE
 
 SMOKE = ("debug=smoke", "rounds=3", "eval_every=1", "checkpoint_every=1")
 
@@ -69,7 +69,7 @@ def test_a_run_dir_that_cannot_be_written_is_refused_in_one_line(tmp_path, monke
 def test_a_full_disk_at_a_checkpoint_keeps_the_last_one_and_the_resume_is_exact(
     compose_cfg, lifecycle, tmp_path, monkeypatch, capsys
 ):
-    import fedexp.core.checkpoint as checkpoint
+    import fedexp.runtime.checkpoint as checkpoint
 
     ref = lifecycle.run(compose_cfg(*SMOKE[1:]), tmp_path / "ref")
     with monkeypatch.context() as m:  # the second checkpoint's write fails

@@ -13,7 +13,7 @@ from pathlib import Path
 import hydra
 import pytest
 
-from fedexp.core.config import add_target_keys, find_conf
+from fedexp.config.build import add_target_keys, find_conf
 
 REPO = Path(__file__).resolve().parents[2]
 # runs `python -m fedexp ARGS` in this interpreter, then reports whether torch (and optuna,
@@ -34,7 +34,7 @@ print(f"optuna imported: {'optuna' in sys.modules}", file=sys.stderr)
 # that cost seconds to import and that the default experiment does not use were imported
 FIRST_ROUND = """
 import os, runpy, sys
-from fedexp.core.orchestrator import Orchestrator
+from fedexp.engine.orchestrator import Orchestrator
 
 def first_round(*args, **kwargs):
     unused = ("lightning", "pytorch_lightning", "torchmetrics", "torchvision", "sklearn", "wandb")

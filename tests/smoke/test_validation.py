@@ -13,8 +13,8 @@ from omegaconf import OmegaConf
 
 from components import with_yaml
 from conftest import main_in_process, write_sent140_csv
+from fedexp.config.validation import config_rule, validate_config, with_checks
 from fedexp.core.types import ConfigError
-from fedexp.core.validation import config_rule, validate_config, with_checks
 
 # stands for `dataset.data_dir=<a generated Sent140 CSV>` (written by `with_sent140`)
 SENT140 = "dataset.data_dir=<sent140>"
@@ -189,7 +189,7 @@ def test_a_function_component_declares_its_check_with_with_checks():
 
 
 def test_a_registered_rule_runs_on_every_config(monkeypatch):
-    from fedexp.core import validation
+    from fedexp.config import validation as validation
 
     monkeypatch.setattr(validation, "CONFIG_RULES", list(validation.CONFIG_RULES))
 

@@ -16,9 +16,9 @@ from fedexp.attacks.crafted import AGRTailored, MinMax
 from fedexp.attacks.pool import pool_extras
 from fedexp.attacks.rank_reversal import RankReversal
 from fedexp.core.callbacks import RoundFunction
-from fedexp.core.executors import SequentialExecutor, train_aside
 from fedexp.core.messages import Ranking
 from fedexp.core.types import ClientResult, ConfigError, RoundContext, Weights
+from fedexp.engine.executors.sequential import SequentialExecutor, train_aside
 from fedexp.run import Experiment
 
 MinMax = with_yaml(MinMax, "attack", "min_max")

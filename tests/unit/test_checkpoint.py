@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from fedexp.core.checkpoint import (
+from fedexp.core.types import ConfigError
+from fedexp.loggers.files import CSVLogger, RunRecorder
+from fedexp.runtime.checkpoint import (
     FORMAT_VERSION,
     check_saveable,
     config_hash,
@@ -19,8 +21,6 @@ from fedexp.core.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from fedexp.core.types import ConfigError
-from fedexp.loggers.files import CSVLogger, RunRecorder
 
 
 def payload(**extra):
@@ -194,7 +194,7 @@ def tiny_data(labels=(0, 1, 0, 1, 2, 2), train=((0, 1), (2, 3)), test=((4,), (5,
 
 
 def test_the_data_digest_changes_with_labels_inputs_and_partition_only():
-    from fedexp.core.checkpoint import check_resumed_data, data_digest
+    from fedexp.runtime.checkpoint import check_resumed_data, data_digest
 
     base = data_digest(tiny_data())
     assert data_digest(tiny_data()) == base  # the same data, built again

@@ -22,9 +22,7 @@ from fedexp.attacks.transform import Scaling, SignFlip
 from fedexp.core.algorithm import BuildContext
 from fedexp.core.client import ClientModule
 from fedexp.core.client_store import ClientStore
-from fedexp.core.executors import SequentialExecutor
 from fedexp.core.local import ClientConfig, LocalTraining
-from fedexp.core.orchestrator import Orchestrator
 from fedexp.core.types import (
     FLOAT_BITS,
     ClientResult,
@@ -33,10 +31,12 @@ from fedexp.core.types import (
     RoundContext,
     VectorMessage,
 )
-from fedexp.core.vectorized import VectorizedExecutor
 from fedexp.data.datasets import Dataset
 from fedexp.data.federated import FederatedData
 from fedexp.data.partition import Partition
+from fedexp.engine.executors.sequential import SequentialExecutor
+from fedexp.engine.executors.vectorized import VectorizedExecutor
+from fedexp.engine.orchestrator import Orchestrator
 from fedexp.models.mlp import mlp
 from handworld import client_cfg, make_ctx, two_client_data
 

@@ -10,7 +10,7 @@ import sys
 
 from tests.conftest import REPO, main_in_process
 
-from fedexp.core.config import dataset_label
+from fedexp.config.build import dataset_label
 
 DOC = (REPO / "docs" / "datasets.md").read_text()
 

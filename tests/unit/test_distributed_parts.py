@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from components import yaml_options
-from fedexp.core.distributed import DistributedExecutor, prepare_rank, shard, to_device
 from fedexp.core.types import ClientResult, ConfigError, Weights
+from fedexp.engine.executors.distributed import DistributedExecutor, shard, to_device
+from fedexp.runtime.ranks import prepare_rank
 
 
 def test_shard_balances_samples_largest_first():

@@ -7,7 +7,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from fedexp.__main__ import find_conf
-from fedexp.core.evaluation import accuracy, client_accuracies
+from fedexp.engine.eval.hits import accuracy, client_accuracies
 from fedexp.run import Experiment
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedexp.core.functional_optim import FunctionalOptimizer, GroupSpec, spec_from_optimizer
 from fedexp.core.types import ConfigError
+from fedexp.engine.functional_optim import FunctionalOptimizer, GroupSpec, spec_from_optimizer
 
 CASES = [
     dict(kind="sgd", lr=0.1),

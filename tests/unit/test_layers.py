@@ -47,3 +47,95 @@ def test_a_leaf_importing_core_breaks_the_layers(tmp_path):
     assert "fedexp.metrics.comm -> fedexp.core.types" in proc.stdout
     assert "leaves > errors BROKEN" in proc.stdout  # the layers contract, the others kept
     assert f"Contracts: {len(CONTRACTS) - 1} kept, 1 broken." in proc.stdout, proc.stdout
+
+
+def test_upward_imports_into_engine_runtime_and_config_break_the_layers(tmp_path):
+    # a component using the round engine, core using the run's lifecycle, and the run's
+    # lifecycle using the config rules (runtime and config are independent siblings)
+    shutil.copy(REPO / "pyproject.toml", tmp_path)
+    shutil.copytree(REPO / "src", tmp_path / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    planted = {
+        "algorithms/fedprox.py": "from fedexp.engine import orchestrator",
+        "core/seeding.py": "from fedexp.runtime import signals",
+        "runtime/threads.py": "from fedexp.config import values",
+    }
+    for path, line in planted.items():
+        module = tmp_path / "src/fedexp" / path
+        module.write_text(module.read_text() + f"\n{line}  # noqa: E402\n")
+    proc = lint_imports(tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    out = " ".join(proc.stdout.split())  # import-linter wraps long lines
+    assert "fedexp.algorithms is not allowed to import fedexp.engine" in out
+    assert "fedexp.algorithms.fedprox -> fedexp.engine.orchestrator" in out
+    assert "fedexp.core is not allowed to import fedexp.runtime" in out
+    assert "fedexp.runtime is not allowed to import fedexp.config" in out
+    assert f"Contracts: {len(CONTRACTS) - 1} kept, 1 broken." in proc.stdout, proc.stdout
+
+
+def _module_cycles() -> list[list[str]]:
+    """Cycles of module-level imports among fedexp's modules (grimp's graph, the one
+    import-linter checks), found by a depth-first search."""
+    import grimp
+
+    graph = grimp.build_graph("fedexp", exclude_type_checking_imports=True)
+    modules = sorted(graph.modules)
+    cycles, state = [], dict.fromkeys(modules, 0)  # 0 new, 1 on the stack, 2 done
+
+    def visit(module: str, stack: list[str]) -> None:
+        state[module] = 1
+        stack.append(module)
+        for dep in sorted(graph.find_modules_directly_imported_by(module)):
+            if state.get(dep) == 1:
+                cycles.append(stack[stack.index(dep) :] + [dep])
+            elif state.get(dep) == 0:
+                visit(dep, stack)
+        stack.pop()
+        state[module] = 2
+
+    for module in modules:
+        if state[module] == 0:
+            visit(module, [])
+    return cycles
+
+
+def test_no_module_imports_itself_back():
+    # packages re-exporting their modules are left aside: a package imports its children
+    cycles = [
+        c for c in _module_cycles() if not any(a.startswith(b + ".") for a, b in zip(c, c[1:]))
+    ]
+    assert cycles == [], "\n".join(" -> ".join(c) for c in cycles)
+
+
+def _function_level_imports() -> list[tuple[str, int, str]]:
+    """(file, line, source) of every `from fedexp...`/`import fedexp...` inside a function."""
+    import ast
+
+    found = []
+    for path in sorted((REPO / "src").rglob("*.py")):
+        source = path.read_text()
+        lines = source.splitlines()
+        for node in ast.walk(ast.parse(source)):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for inner in ast.walk(node):
+                names = (
+                    [inner.module or ""]
+                    if isinstance(inner, ast.ImportFrom)
+                    else [a.name for a in inner.names]
+                    if isinstance(inner, ast.Import)
+                    else []
+                )
+                if any(n == "fedexp" or n.startswith("fedexp.") for n in names):
+                    rel = str(path.relative_to(REPO))
+                    window = " ".join(lines[max(0, inner.lineno - 3) : inner.end_lineno])
+                    found.append((rel, inner.lineno, window))
+    return found
+
+
+def test_an_import_inside_a_function_says_it_is_there_for_start_up():
+    # such an import can hide a circle; the only other reason for one is start-up time
+    # (torch, Lightning, W&B imported only by the runs that use them), and it says so
+    unexplained = [
+        f"{path}:{line}" for path, line, text in _function_level_imports() if "start-up" not in text
+    ]
+    assert unexplained == [], unexplained

@@ -75,7 +75,7 @@ def test_mlp_family_spreads_depth_and_width_from_the_smallest_to_the_largest():
 
 
 def test_auto_family_is_the_mlp_family_for_flat_inputs_and_the_cnn_family_for_images():
-    from fedexp.core.config import default_family
+    from fedexp.config.build import default_family
 
     flat = default_family("auto", {"input_shape": (40,), "num_classes": 10})
     images = default_family("auto", {"input_shape": (1, 8, 8), "num_classes": 10})

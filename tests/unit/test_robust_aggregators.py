@@ -14,8 +14,8 @@ from fedexp.aggregators.multikrum import krum_select, multikrum
 from fedexp.aggregators.rank_vote import rank_vote, reputations
 from fedexp.aggregators.sign_vote import sign_vote
 from fedexp.aggregators.trimmed_mean import trimmed_mean
-from fedexp.core.aggregation import check_aggregator, malicious_count
-from fedexp.core.types import ClientResult, ConfigError, Weights
+from fedexp.core.types import ClientResult, ConfigError, Weights, malicious_count
+from fedexp.engine.aggregation import check_aggregator
 
 trimmed_mean = with_yaml(trimmed_mean, "aggregator", "trimmed_mean")
 multikrum = with_yaml(multikrum, "aggregator", "multikrum")

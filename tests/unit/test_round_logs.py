@@ -16,8 +16,8 @@ from components import with_yaml
 from fedexp.algorithms.fedavg import FedAvg
 from fedexp.attacks import NoAttack
 from fedexp.core.callbacks import RoundReport, RunInfo
-from fedexp.core.executors import SequentialExecutor
-from fedexp.core.orchestrator import Orchestrator
+from fedexp.engine.executors.sequential import SequentialExecutor
+from fedexp.engine.orchestrator import Orchestrator
 from fedexp.loggers import progress
 from fedexp.loggers.files import CSVLogger, RunRecorder
 from fedexp.loggers.progress import ProgressLines, run_label

@@ -11,8 +11,6 @@ import pytest
 import torch
 
 from conftest import smoke_experiment
-from fedexp.core.evaluation import accuracy, evaluate, personal_sample
-from fedexp.core.personal_eval import personal_accuracies
 from fedexp.core.types import ConfigError
 from fedexp.data.datasets import Dataset
 from fedexp.data.federated import FederatedData
@@ -20,6 +18,9 @@ from fedexp.data.partition import Partition, class_counts, local_split
 from fedexp.data.partition_report import MAX_ROWS, plot_rows, write_partition_stats
 from fedexp.data.schemes import Natural
 from fedexp.data.split import Split
+from fedexp.engine.eval.evaluate import evaluate, personal_sample
+from fedexp.engine.eval.hits import accuracy
+from fedexp.engine.eval.personal import personal_accuracies
 
 
 def loop_local_split(parts, test_fraction, rng, val_fraction):

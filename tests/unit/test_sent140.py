@@ -211,7 +211,7 @@ def test_lstm_yaml_is_one_architecture_and_lstm_family_a_family():
     from omegaconf import OmegaConf
 
     from conftest import REPO
-    from fedexp.core.config import build
+    from fedexp.config.build import build
 
     single = build(OmegaConf.load(REPO / "conf/model/lstm.yaml"))
     family = build(OmegaConf.load(REPO / "conf/model/lstm_family.yaml"))

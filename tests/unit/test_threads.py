@@ -8,9 +8,9 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from fedexp.core.threads import available_cores, choose_threads
 from fedexp.core.types import ConfigError
 from fedexp.run import Experiment
+from fedexp.runtime.threads import available_cores, choose_threads
 
 REPO = Path(__file__).resolve().parents[2]
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")

@@ -21,14 +21,14 @@ from fedexp.algorithms.fedprox import FedProx
 from fedexp.algorithms.fedrep import FedRep
 from fedexp.core import client as client_module
 from fedexp.core.client import ClientModule
-from fedexp.core.executors import SequentialExecutor
-from fedexp.core.orchestrator import logged_means
 from fedexp.core.types import ConfigError, RoundContext
 from fedexp.core.user_module import factory_arguments
-from fedexp.core.vectorized import VectorizedExecutor
 from fedexp.data.datasets import Dataset
 from fedexp.data.federated import FederatedData
 from fedexp.data.partition import Partition
+from fedexp.engine.executors.sequential import SequentialExecutor
+from fedexp.engine.executors.vectorized import VectorizedExecutor
+from fedexp.engine.orchestrator import logged_means
 from fedexp.models.mlp import mlp
 from handworld import client_cfg, make_ctx
 from lightning_docs_model import LitBodyHead, LitModel

@@ -11,17 +11,18 @@ from tests.conftest import REPO
 from torch import nn
 
 from fedexp.__main__ import find_conf
-from fedexp.core.executors import SequentialExecutor, auto_executor
 from fedexp.core.seeding import sample_clients
 from fedexp.core.types import ConfigError
-from fedexp.core.vectorized import (
+from fedexp.engine.executors.select import auto_executor
+from fedexp.engine.executors.sequential import SequentialExecutor
+from fedexp.engine.executors.vectorized import (
     VectorizedExecutor,
     _check_vmappable,
     _ClientRun,
     _PhasePlan,
     _schedule,
-    _split_attrs,
 )
+from fedexp.engine.stacking import split_attrs
 from fedexp.run import Experiment
 
 # unequal client sizes (Dirichlet) and a batch that leaves short last batches
@@ -118,12 +119,12 @@ def test_attributes_shared_stay_and_per_client_ones_are_stacked():
         {"mu": 0.1, "anchor": anchor, "num_train": 10, "target": torch.zeros(3)},
         {"mu": 0.1, "anchor": anchor, "num_train": 20, "target": torch.ones(3)},
     ]
-    shared, batched = _split_attrs(attrs, torch.device("cpu"))
+    shared, batched = split_attrs(attrs, torch.device("cpu"))
     assert shared == {"mu": 0.1, "anchor": anchor}
     assert batched["num_train"].tolist() == [10, 20]
     assert batched["target"].tolist() == [[0.0] * 3, [1.0] * 3]
     with pytest.raises(ConfigError, match="'target'"):
-        _split_attrs([{"target": torch.zeros(3)}, {"target": torch.zeros(4)}], "cpu")
+        split_attrs([{"target": torch.zeros(3)}, {"target": torch.zeros(4)}], "cpu")
 
 
 def test_batchnorm_running_stats_are_refused():

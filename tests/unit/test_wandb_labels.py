@@ -6,6 +6,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from fedexp.config.build import labelled_choices
 from fedexp.loggers.wandb_labels import (
     MAX_GROUP,
     group_name,
@@ -113,9 +114,8 @@ def test_no_hydra_files_no_labels(tmp_path):
 def test_a_dataset_target_of_ones_own_labels_the_run_by_its_name(tmp_path):
     run_dir = tmp_path / "run"
     _hydra_files(run_dir, ["dataset._target_=my_data.two_blobs"], "RUN")
-    OmegaConf.save(
-        {"dataset": {"_target_": "my_data.two_blobs"}}, run_dir / ".hydra" / "config.yaml"
-    )
-    labels = labels_from_run_dir(run_dir, seed=0)
+    # the wiring labels the choices (`RunInfo.choices`) and the logger names the run by them
+    choices = labelled_choices(CHOICES, "my_data.two_blobs")
+    labels = labels_from_run_dir(run_dir, seed=0, choices=choices)
     assert "dataset:two_blobs" in labels.tags and labels.group.endswith(" two_blobs shards")
     assert labels.config["choices"]["dataset"] == "two_blobs"

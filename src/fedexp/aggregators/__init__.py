@@ -3,15 +3,15 @@
 Every aggregator also takes `num_malicious`, the round's true number of malicious uploads: the FRL
 paper grants it to the robust baselines, and an aggregator configured with `known` uses it. The
 algorithm passes `num_malicious=ctx.num_malicious`, which the round loop fills with
-`malicious_count(results)` (`fedexp.core.aggregation`) after the attack (attacks flag the
+`malicious_count(results)` (`fedexp.engine.aggregation`) after the attack (attacks flag the
 uploads they corrupt).
 
 `rank_vote` aggregates FRL rankings (uploads with the `ranking` capability); every other
 aggregator aggregates real vectors. An aggregator that accepts rankings carries
 `accepts = "rankings"`, and may carry `check(**options)` that raises `ConfigError` for bad
-options before training (`fedexp.core.aggregation.check_aggregator`). The aggregators know
+options before training (`fedexp.engine.aggregation.check_aggregator`). The aggregators know
 nothing of client results or messages: the adapters between those and tensors live in
-`fedexp.core.aggregation` and in the algorithms.
+`fedexp.engine.aggregation` and in the algorithms.
 """
 
 from __future__ import annotations

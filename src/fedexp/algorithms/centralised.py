@@ -28,7 +28,7 @@ from torch import nn
 
 from fedexp.core.algorithm import Algorithm, BuildContext, flat_params, load_flat
 from fedexp.core.client import ClientModule, Phase
-from fedexp.core.executors import train_local
+from fedexp.core.client_loop import train_local
 from fedexp.core.local import LocalTraining
 from fedexp.core.seeding import INIT, derive_seed, seed_global_rng
 from fedexp.core.types import ClientResult, Message, Nothing, RoundContext, ServerState

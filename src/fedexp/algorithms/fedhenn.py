@@ -38,7 +38,6 @@ from fedexp.algorithms.fedhenn_alignment import (
 from fedexp.algorithms.fedhenn_heterogeneous import FedHeNNHeterogeneous
 from fedexp.core.algorithm import Algorithm, BuildContext, load_flat
 from fedexp.core.client import ClientModule
-from fedexp.core.config import default_family as family_factory
 from fedexp.core.local import LocalTraining
 from fedexp.core.running_stats import load_model_state, model_state
 from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext, ServerState
@@ -107,7 +106,9 @@ def fedhenn(
             ctx, opts, weighting=weighting, server_lr=server_lr, server_momentum=server_momentum
         )
     if num_archs is None:  # one architecture chosen: draw clients' models from the default family
-        ctx = replace(ctx, model_factory=family_factory(default_family, ctx.model_args))
+        if ctx.family is None:
+            raise ConfigError("model: FedHeNN needs a model family; its build context has none")
+        ctx = replace(ctx, model_factory=ctx.family(default_family))
         num_archs = family_size(ctx.model_factory)
     return FedHeNNHeterogeneous(ctx, opts, num_archs)
 

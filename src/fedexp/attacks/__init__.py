@@ -5,7 +5,7 @@ seed. Data poisoning returns a poisoned view of the data (`wrap_data`, called by
 model poisoning rewrites the uploads of the round's malicious clients after local training
 (`apply`), where they have trained benignly on their own data. Corrupted uploads are flagged
 (`ClientResult.malicious`) so that an aggregator may be told the round's true malicious count
-(`fedexp.core.aggregation.malicious_count`). `round_metrics` reports `attack/*` every round.
+(`fedexp.core.types.malicious_count`). `round_metrics` reports `attack/*` every round.
 
 `redraw_majority` (FRL's reference code): the round loop re-draws a cohort in which half or more of
 the sampled clients are malicious (`rejects`), from the same (seed, round) generator
@@ -27,9 +27,15 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from fedexp.core.aggregation import malicious_count
 from fedexp.core.seeding import derive_seed
-from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext, capabilities
+from fedexp.core.types import (
+    ClientResult,
+    ConfigError,
+    Message,
+    RoundContext,
+    capabilities,
+    malicious_count,
+)
 
 ATTACK = 401  # seed stream of the malicious set (distinct from core.seeding's streams)
 

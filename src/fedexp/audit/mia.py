@@ -48,7 +48,7 @@ from torch import nn
 from torch.utils._pytree import tree_map
 
 from fedexp.core.algorithm import Algorithm
-from fedexp.core.executors import run_client
+from fedexp.core.client_loop import run_client
 from fedexp.core.seeding import client_generator, derive_seed
 from fedexp.core.types import ConfigError, Message, RoundContext
 from fedexp.metrics.membership import METRICS, membership_metrics

@@ -99,7 +99,7 @@ def composed(setting: Setting, extra: Sequence[str] = ()) -> dict[str, Any]:
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
-    from fedexp.core.config import find_conf
+    from fedexp.config.build import find_conf
 
     GlobalHydra.instance().clear()
     try:

@@ -30,6 +30,9 @@ class BuildContext:
     seed: int
     store: ClientStore
     model_args: dict = field(default_factory=dict)  # data-derived factory args (input_shape...)
+    # `conf/model/<name>.yaml` built and bound to `model_args` (`family("cnn_family")`); an
+    # algorithm that needs a model family where one architecture was chosen asks for it here
+    family: Callable[[str], Callable[..., nn.Module]] | None = None
 
 
 @dataclass
@@ -55,7 +58,7 @@ class Algorithm:
 
     Client hooks run inside the executor, around the module's local training:
     `client_module` -> `client_begin` -> (training) -> `client_end`, in that order for every
-    executor (`fedexp.core.executors.begin_client` / `finish_client`); `client_end` is told
+    executor (`fedexp.core.client_loop.begin_client` / `finish_client`); `client_end` is told
     what the training did (`LocalTraining`: steps, samples, mean loss, learning rates).
 
     `upload_type` is the Message class clients upload (None: not declared); the aggregator and

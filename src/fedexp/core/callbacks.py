@@ -51,6 +51,9 @@ class RunInfo:
             that records files (`log_artifact`) is among the callbacks; it is complete when
             the run ends.
         objective: the resolved `objective` (`auto` made a metric name), if known.
+        choices: the Hydra group choices of the run (`algorithm`, `dataset`, ...), the dataset
+            labelled by an overridden `dataset._target_`; empty outside Hydra.
+        checkpoint_file: the name of the run's checkpoint file in `run_dir`.
     """
 
     run_dir: Path
@@ -61,6 +64,8 @@ class RunInfo:
     resumed_from_round: int | None = None
     artifacts: tuple[tuple[Path, str], ...] = ()
     objective: str | None = None
+    choices: Mapping[str, str] = field(default_factory=dict)
+    checkpoint_file: str | None = None
 
 
 @dataclass(frozen=True)

@@ -117,6 +117,7 @@ class ClientModule(nn.Module):
     # False where `training_step` does not go through `task_loss`: such an objective cannot
     # take a LightningModule model's own training_step
     uses_task_loss = True
+    is_client_module = True  # wraps the model; never itself a researcher's objective
 
     def __new__(cls, *args, **kwargs):
         return super().__new__(lightning_class(cls) if lightning_in_play() else cls)

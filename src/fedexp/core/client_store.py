@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from fedexp.core.types import ConfigError
@@ -138,3 +139,23 @@ class ClientStore:
                 self._spill_path = self._spill_root
                 self._spill_path.mkdir(parents=True, exist_ok=True)
         return self._spill_path / f"client_{client_id}.pt"
+
+
+def holds_tensor(value) -> bool:
+    return any(torch.is_tensor(v) for v in tree_flatten(value)[0])
+
+
+def tensor_attrs(model: nn.Module) -> dict[str, tuple[nn.Module, list[str]]]:
+    """The public attributes of `model`'s submodules that hold tensors or None (per-model inputs
+    such as factor masks): submodule name -> (the submodule, those attribute names)."""
+    out = {}
+    for name, sub in model.named_modules():
+        found = [
+            k
+            for k, v in vars(sub).items()
+            if not k.startswith("_") and k not in ("training", "generator")
+            and (v is None or holds_tensor(v))
+        ]  # fmt: skip
+        if found:
+            out[name] = (sub, found)
+    return out

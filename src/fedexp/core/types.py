@@ -33,7 +33,7 @@ class RoundContext:
     # loop fills it after the attack, before `aggregate`, where aggregators may be granted it
     num_malicious: int = 0
     # benign local training of other clients on this round's payloads that leaves no trace
-    # (`fedexp.core.executors.train_aside`); set by the round loop for the attack only
+    # (`fedexp.engine.executors.sequential.train_aside`); set by the round loop for the attack only
     train_aside: Callable[[Sequence[int]], list[ClientResult]] | None = field(
         default=None, compare=False, repr=False
     )
@@ -128,3 +128,8 @@ class ServerState:
 
     params: torch.Tensor | None = None
     buffers: dict[str, Any] = field(default_factory=dict)
+
+
+def malicious_count(results: Sequence[ClientResult]) -> int:
+    """How many of the round's uploads an attack corrupted (it flags them `malicious`)."""
+    return sum(r.malicious for r in results)

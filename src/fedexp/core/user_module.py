@@ -57,9 +57,8 @@ def is_user_objective(model: nn.Module) -> bool:
     """Whether `model` is a LightningModule whose own `training_step` is the task loss."""
     if not is_lightning_class(type(model)):
         return False
-    from fedexp.core.client import ClientModule  # a client module wraps models, is none
-
-    return not isinstance(model, ClientModule) and _defines(model, "training_step")
+    # a client module (`fedexp.core.client.ClientModule`, which says so) wraps models, is none
+    return not getattr(type(model), "is_client_module", False) and _defines(model, "training_step")
 
 
 def _defines(model: nn.Module, name: str) -> bool:

@@ -2,7 +2,7 @@
 
 Clients are slices of resident tensors, so augmentation cannot live in a per-sample DataLoader
 transform: it is a function of (batch, generator) that the executor applies to each training
-batch (`fedexp.core.executors.train_local`), drawing from the client's own generator so a run
+batch (`fedexp.core.client_loop.train_local`), drawing from the client's own generator so a run
 stays a function of its seed. Evaluation never sees it.
 """
 

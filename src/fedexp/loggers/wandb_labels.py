@@ -121,18 +121,6 @@ def _load(path: Path) -> dict:
     return OmegaConf.to_container(OmegaConf.load(path), resolve=False).get("hydra", {}) or {}
 
 
-def _labelled(choices: dict, config: Path) -> dict:
-    """The choices with the dataset labelled by an overridden `dataset._target_`."""
-    from omegaconf import OmegaConf
-
-    from fedexp.core.config import labelled_choices
-
-    target = (
-        OmegaConf.select(OmegaConf.load(config), "dataset._target_") if config.exists() else None
-    )
-    return labelled_choices(choices, target)
-
-
 def sweep_name(hydra: dict, sweep_dir: Path) -> str:
     """The Optuna study's name, else the sweep dir's name (with its date folder, if any)."""
     study = (hydra.get("sweeper") or {}).get("study_name")
@@ -143,15 +131,20 @@ def sweep_name(hydra: dict, sweep_dir: Path) -> str:
     return f"{parent}/{sweep_dir.name}" if dated else sweep_dir.name
 
 
-def labels_from_run_dir(run_dir: str | Path, seed: Any) -> WandbLabels | None:
-    """The labels of the job in `run_dir` from Hydra's files there; None without them."""
+def labels_from_run_dir(
+    run_dir: str | Path, seed: Any, choices: dict | None = None
+) -> WandbLabels | None:
+    """The labels of the job in `run_dir` from Hydra's files there; None without them.
+
+    `choices`: the run's group choices as the wiring labels them (`RunInfo.choices`, the dataset
+    named by an overridden `dataset._target_`); None: Hydra's own choices in the run dir."""
     run_dir = Path(run_dir)
     hydra = _load(run_dir / ".hydra" / "hydra.yaml")
     if not hydra:
         return None
-    runtime_choices = (hydra.get("runtime") or {}).get("choices") or {}
-    choices = {k: v for k, v in runtime_choices.items() if not k.startswith("hydra")}
-    choices = _labelled(choices, run_dir / ".hydra" / "config.yaml")
+    if choices is None:
+        runtime_choices = (hydra.get("runtime") or {}).get("choices") or {}
+        choices = {k: v for k, v in runtime_choices.items() if not k.startswith("hydra")}
     overrides = list((hydra.get("overrides") or {}).get("task") or [])
     tags = []
     keys: set[str] | None = None  # a single run: every override tells it apart

@@ -92,6 +92,8 @@ class WandbLogger(Logger):
         self.best: set[str] = set()  # metrics defined with a best-so-far summary
         self.resume_id: str | None = None  # set on resume: continue this W&B run
         self.objective: str | None = None  # the run's resolved objective (`on_run_start`)
+        self.choices: dict | None = None  # its group choices, the dataset labelled (idem)
+        self.checkpoint_file: str | None = None  # its checkpoint's file name (idem)
 
     def state_dict(self) -> dict:
         """The W&B run id, saved in checkpoints so a resumed run continues the same W&B run."""
@@ -103,6 +105,8 @@ class WandbLogger(Logger):
 
     def on_run_start(self, info: RunInfo) -> None:
         self.objective = info.objective
+        self.choices = dict(info.choices) or None
+        self.checkpoint_file = info.checkpoint_file
         super().on_run_start(info)
 
     @staticmethod
@@ -123,7 +127,7 @@ class WandbLogger(Logger):
 
     def start(self, config: dict, run_name: str, group: str | None) -> None:
         global _unreachable
-        labels = labels_from_run_dir(self.run_dir, config.get("seed"))
+        labels = labels_from_run_dir(self.run_dir, config.get("seed"), self.choices)
         job_type, tags = None, list(self.tags)
         multirun = labels is not None and labels.multirun
         if labels is not None:  # a Hydra job: the labels of its setting
@@ -260,9 +264,10 @@ class WandbLogger(Logger):
         """The run dir's checkpoint as a `model` artifact (metadata: its round)."""
         import wandb
 
-        from fedexp.core.checkpoint import CHECKPOINT_FILE
-
-        path = self.run_dir / CHECKPOINT_FILE
+        if self.checkpoint_file is None:
+            log.warning("W&B: the run named no checkpoint file; none logged")
+            return
+        path = self.run_dir / self.checkpoint_file
         if not path.exists():
             log.warning("W&B: no %s to log (checkpoint_every=0 and no stop signal)", path.name)
             return

@@ -3,7 +3,7 @@
 A family factory takes `(input_shape, num_classes, arch=i, num_archs=N, ...)`; its YAML carries
 `num_archs`, which is how an algorithm recognises a family (see `family_size`). Which client gets
 which architecture is drawn by `fedexp.core.seeding.client_arch`; a family named by its config
-(`algorithm.default_family`) is built by `fedexp.core.config.default_family`.
+(`algorithm.default_family`) is built by `fedexp.config.build.default_family`.
 """
 
 from __future__ import annotations

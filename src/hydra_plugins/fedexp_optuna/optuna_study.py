@@ -10,12 +10,12 @@ extended one (a larger `n_trials`) proposes new points rather than replaying its
 proposal equal to the parameters of a completed trial is not run again: it is recorded with that
 trial's value and the user attribute `repeats` (the earlier trial's number). Each trial is
 one job whose number is the trial's number (its run dir is `<sweep dir>/<trial number>`); the run
-reports its `objective` after every evaluated round (`fedexp.core.pruning.TrialPruner`) and the
+reports its `objective` after every evaluated round (`fedexp.runtime.pruning.TrialPruner`) and the
 study's `pruner` may stop it there. The search space uses the Hydra sweep syntax:
 `interval(a, b)`, `tag(log, interval(a, b))` (ints when both ends are ints), `choice(...)`,
 `range(...)`. A search needs an objective measured on validation data (`auto` or `eval/val/...`
 with `partition.val_fraction` > 0, or another metric named by `objective`): without one it is
-refused before its first trial (`fedexp.core.validation.check_search_objective`).
+refused before its first trial (`fedexp.config.validation.check_search_objective`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
-from fedexp.core.pruning import study_name, study_storage
+from fedexp.runtime.pruning import study_name, study_storage
 
 if TYPE_CHECKING:  # optuna is imported when a search runs: Hydra imports every plugin at start-up
     import optuna
@@ -219,9 +219,9 @@ def completed_with(study: optuna.Study, params: dict) -> optuna.trial.FrozenTria
 def refuse_without_objective(config: DictConfig, searched: list[str], sweep_dir: Path) -> None:
     """Before any trial: a search without an objective on validation data is refused in one line
     (exit 2), and the sweep dir it claimed is left as it was (`check_search_objective`)."""
-    from fedexp.core import run_dir
-    from fedexp.core.validation import check_search_objective
+    from fedexp.config.validation import check_search_objective
     from fedexp.errors import ConfigError
+    from fedexp.runtime import run_dir as run_dir
 
     try:
         check_search_objective(config, searched)

@@ -1,25 +1,19 @@
-"""Between the round's client results and the aggregators, which see only tensors and options.
+"""Between the algorithm and the aggregators, which see only tensors and options.
 
 The aggregators (`fedexp.aggregators`) are pure functions over stacked updates; what they need to
-know about the round's `ClientResult`s (how many an attack corrupted) and about the algorithm's
-uploads (rankings or vectors) is read here.
+know about the algorithm's uploads (rankings or vectors) is read here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from fedexp.aggregators import aggregator_name
-from fedexp.core.types import RANKING, ClientResult, capabilities
+from fedexp.core.types import RANKING, capabilities
 from fedexp.errors import ConfigError
 
-__all__ = ["malicious_count", "check_aggregator"]
-
-
-def malicious_count(results: Sequence[ClientResult]) -> int:
-    """How many of the round's uploads an attack corrupted (it flags them `malicious`)."""
-    return sum(r.malicious for r in results)
+__all__ = ["check_aggregator"]
 
 
 def _options(aggregator: Callable) -> dict[str, Any]:

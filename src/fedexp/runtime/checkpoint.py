@@ -18,8 +18,8 @@ on load, so a file changed on disk after it was written (a few flipped bits in a
 refused, not resumed; and its sections are checked (`check_sections`) before a resume touches any
 file of the run.
 
-This module writes, reads and checks the file (and the RNG streams in it); `fedexp.core.signals`
-stops a run on SIGINT/SIGTERM; `fedexp.core.resume` is the checkpointing callback, the restore,
+This module writes, reads and checks the file (and the RNG streams in it); `fedexp.runtime.signals`
+stops a run on SIGINT/SIGTERM; `fedexp.runtime.resume` is the checkpointing callback, the restore,
 and the config of a run dir to resume.
 """
 
@@ -34,13 +34,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedexp.core.fingerprint import (  # noqa: F401 - config_hash is part of this API
+from fedexp.core.types import ConfigError
+from fedexp.runtime.fingerprint import (  # noqa: F401 - config_hash is part of this API
     ConfigDigest,
     config_hash,
     data_digest,
     first_difference,
 )
-from fedexp.core.types import ConfigError
 
 CHECKPOINT_FILE = "checkpoint.pt"
 FORMAT_VERSION = 3  # 2: the resolved config's hash and the data digest; 3: a content checksum

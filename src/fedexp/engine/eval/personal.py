@@ -23,8 +23,9 @@ from torch.func import functional_call, vmap
 from torch.utils._pytree import tree_flatten, tree_map
 
 from fedexp.core.algorithm import PersonalBatch
-from fedexp.core.evaluation import EVAL_BATCH
-from fedexp.core.vectorized import _architecture, _split_attrs
+from fedexp.core.client_store import tensor_attrs
+from fedexp.engine.eval.hits import EVAL_BATCH
+from fedexp.engine.stacking import architecture, split_attrs
 
 CHUNK_BYTES = 256 * 1024**2  # stacked per-client parameters, buffers and attributes per chunk
 FIRST_CHUNK = 64  # clients in the first chunk, before the bytes per client are known
@@ -37,26 +38,6 @@ class _Snapshot:
     key: tuple  # clients with equal keys are stacked together
 
 
-def holds_tensor(value) -> bool:
-    return any(torch.is_tensor(v) for v in tree_flatten(value)[0])
-
-
-def tensor_attrs(model: nn.Module) -> dict[str, tuple[nn.Module, list[str]]]:
-    """The public attributes of `model`'s submodules that hold tensors or None (per-model inputs
-    such as factor masks): submodule name -> (the submodule, those attribute names)."""
-    out = {}
-    for name, sub in model.named_modules():
-        found = [
-            k
-            for k, v in vars(sub).items()
-            if not k.startswith("_") and k not in ("training", "generator")
-            and (v is None or holds_tensor(v))
-        ]  # fmt: skip
-        if found:
-            out[name] = (sub, found)
-    return out
-
-
 class _Layout:
     """What is read off one resident personal model: its architecture key, its parameter and
     buffer tensors, and the public attributes of its submodules that hold tensors or None
@@ -65,7 +46,7 @@ class _Layout:
 
     def __init__(self, model: nn.Module):
         self.model = model
-        self.key = _architecture(model)
+        self.key = architecture(model)
         self.tensors = [*model.named_parameters(), *model.named_buffers()]
         self.attrs = {}
         self.modules = {}
@@ -97,7 +78,7 @@ def _stack(layout: _Layout, group: list[_Snapshot], device) -> PersonalBatch:
     stacked = {n: torch.stack([g.tensors[n] for g in group]) for n in differs}
     batch = PersonalBatch(layout.model, shared, stacked)
     for name in first.attrs:
-        same, batched = _split_attrs([g.attrs.get(name, {}) for g in group], device)
+        same, batched = split_attrs([g.attrs.get(name, {}) for g in group], device)
         batch.shared_attrs[name], batch.attrs[name] = same, batched
     return batch
 

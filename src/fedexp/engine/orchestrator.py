@@ -10,14 +10,13 @@ from functools import partial
 
 import torch
 
-from fedexp.core.aggregation import malicious_count
 from fedexp.core.algorithm import Algorithm
 from fedexp.core.callbacks import Callback, RoundReport, frozen
-from fedexp.core.evaluation import evaluate
-from fedexp.core.executors import train_aside
 from fedexp.core.running_stats import stats_bits
 from fedexp.core.seeding import sample_clients
-from fedexp.core.types import Diverged, RoundContext, ServerState
+from fedexp.core.types import Diverged, RoundContext, ServerState, malicious_count
+from fedexp.engine.eval.evaluate import evaluate
+from fedexp.engine.executors.sequential import train_aside
 
 
 def logged_means(results: Sequence) -> dict[str, float]:

@@ -1,5 +1,6 @@
-"""Exact resume: the checkpointing callback, putting a checkpoint back, and the saved config of
-a run dir (`python -m fedexp resume=<run dir>`). The file itself: `fedexp.core.checkpoint`."""
+"""Exact resume: the checkpointing callback, putting a checkpoint back, and whether a run dir can be
+resumed (`python -m fedexp resume=<run dir>`). The file itself: `fedexp.runtime.checkpoint`; the
+saved config: `fedexp.config.saved`."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from fedexp.core.callbacks import Callback, RoundReport
-from fedexp.core.checkpoint import (
+from fedexp.core.summary import RunSummary
+from fedexp.core.types import ConfigError, ServerState
+from fedexp.runtime.checkpoint import (
     CHECKPOINT_FILE,
     FORMAT_VERSION,
     config_hash,
@@ -22,10 +25,7 @@ from fedexp.core.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from fedexp.core.config import labelled_choices
-from fedexp.core.signals import Interrupted, StopSignals
-from fedexp.core.summary import RunSummary
-from fedexp.core.types import ConfigError, ServerState
+from fedexp.runtime.signals import Interrupted, StopSignals
 
 log = logging.getLogger(__name__)
 
@@ -223,35 +223,14 @@ RUN_FILES = (
     "partition_labels.png",
     "__main__.log",
 )
-RESUME_OVERRIDABLE = ("device", "threads", "progress", "progress_every_s", "checkpoint_every")
 
 
-def read_yaml(path: Path, who: str = "resume") -> DictConfig:
-    """A run dir's saved YAML mapping; anything else is a one-line ConfigError naming it (and
-    `who` read it: `resume`, `evaluate`)."""
-    try:
-        cfg = OmegaConf.load(path)
-    except Exception as err:  # YAML syntax, undecodable bytes, unreadable file
-        first = (str(err).strip().splitlines() or [""])[0][:120]
-        raise ConfigError(
-            f"{who}: {path} is not a readable config ({type(err).__name__}: {first})"
-        ) from None
-    if isinstance(cfg, ListConfig) or not isinstance(cfg, DictConfig):
-        raise ConfigError(f"{who}: {path} is not a config (a mapping of keys)")
-    return cfg
-
-
-def load_run_config(
-    run_dir: str | Path, overrides: Sequence[str] = ()
-) -> tuple[DictConfig, dict, str | None]:
-    """The saved config of a run dir, for `python -m fedexp resume=<run dir>`.
-
-    Returns (config, Hydra group choices, W&B group). Only keys that do not change results
-    (`RESUME_OVERRIDABLE`) may be overridden; anything wrong is a one-line ConfigError.
-    """
+def check_resumable(run_dir: str | Path) -> None:
+    """A run dir `python -m fedexp resume=<run dir>` can continue: its files are files, it has not
+    completed, and it holds a checkpoint; anything else is a one-line ConfigError. Its saved
+    config: `fedexp.config.saved.load_run_config`."""
     run_dir = Path(run_dir)
-    cfg_path = run_dir / ".hydra" / "config.yaml"
-    if not cfg_path.exists():
+    if not (run_dir / ".hydra" / "config.yaml").exists():
         raise ConfigError(f"resume: {run_dir} is not a run dir (no .hydra/config.yaml)")
     for name in RUN_FILES:  # what a resume reads, rewrites or appends to
         if (run_dir / name).exists() and not (run_dir / name).is_file():
@@ -269,22 +248,3 @@ def load_run_config(
             f"resume: {run_dir} has no {CHECKPOINT_FILE} (stopped before its first checkpoint; "
             "checkpoint_every sets how often they are written)"
         )
-    cfg = read_yaml(cfg_path)
-    for override in overrides:
-        key, _, value = override.lstrip("+~").partition("=")
-        if key not in RESUME_OVERRIDABLE:
-            raise ConfigError(
-                f"{key}: a resumed run keeps its config; only {', '.join(RESUME_OVERRIDABLE)} "
-                "may be given with resume="
-            )
-        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([f"{key}={value}"]))
-    OmegaConf.set_struct(cfg, True)
-    choices, group = {}, None
-    hydra_path = run_dir / ".hydra" / "hydra.yaml"
-    if hydra_path.exists():
-        hydra = OmegaConf.to_container(read_yaml(hydra_path), resolve=False).get("hydra", {})
-        runtime_choices = hydra.get("runtime", {}).get("choices", {})
-        choices = {k: v for k, v in runtime_choices.items() if not k.startswith("hydra")}
-        choices = labelled_choices(choices, OmegaConf.select(cfg, "dataset._target_"))
-        group = run_dir.parent.name if str(hydra.get("mode")) == "MULTIRUN" else None
-    return cfg, choices, group

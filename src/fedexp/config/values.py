@@ -6,7 +6,7 @@ line naming the key, before the data is loaded:
 - every value resolves: an interpolation to a key that does not exist (`${nope}`), an unset
   environment variable (`${oc.env:NAME}` without a default) or a `???` left unset is refused;
 - the keys a run needs (`REQUIRED`) are there (`~rounds` deletes one);
-- the run scalars have their types and ranges (`fedexp.core.validation.SCALARS`);
+- the run scalars have their types and ranges (`SCALARS`);
 - every number anywhere in the config (the options of every algorithm, aggregator, attack,
   partition, client, dataset, audit, ...) is finite: no option of fedexp takes NaN or ±inf, so
   one walk over the whole config refuses them wherever they are (each component's own range
@@ -18,13 +18,18 @@ line naming the key, before the data is loaded:
 from __future__ import annotations
 
 import math
+import operator
+import os
+import types
+import typing
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Union
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from fedexp.errors import ConfigError
+from fedexp.errors import ConfigError, check_directory
 
 # keys every run reads: deleting one (`~rounds`) is refused here, not met as a KeyError later
 REQUIRED = (
@@ -51,8 +56,6 @@ DIRECTORY_GROUPS = ("paths",)  # every key under these names a directory
 
 def check_config_values(cfg: DictConfig) -> dict:
     """Run the checks of the module docstring; returns the resolved config (plain containers)."""
-    from fedexp.core.validation import SCALARS, check_value
-
     values = resolved(cfg)
     for key in REQUIRED:
         if OmegaConf.select(cfg, key, default=_MISSING) is _MISSING:
@@ -123,12 +126,94 @@ def check_directories(values: dict) -> None:
             check_directory(key, Path(node).expanduser())
 
 
-def check_directory(key: str, path: Path) -> None:
-    """`path` is a directory, or nothing yet with a directory as its nearest existing parent."""
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"{key}: {path} is a file, not a directory")
-    for parent in path.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise ConfigError(f"{key}: {path} is under {parent}, which is a file")
-            return
+# ---- types and ranges ---------------------------------------------------------------------------
+# run scalars and client settings (no `_target_` to read them from): key -> (type, bound)
+SCALARS: dict[str, tuple[Any, tuple | None]] = {
+    "seed": (int, ((">=", 0), ("<", 2**63))),  # torch and numpy seeds take 64-bit signed ints
+    "rounds": (int, (">=", 1)),
+    "num_clients": (int, (">=", 1)),
+    "clients_per_round": (int, (">=", 1)),
+    "eval_every": (int, (">=", 1)),
+    "eval.personal_clients": (int | None, (">=", 1)),
+    "device": (str, None),
+    "progress": (bool, None),
+    "progress_every_s": (float | None, (">=", 0)),
+    "objective": (str | None, None),
+    "client.local_epochs": (int, (">=", 1)),
+    "client.batch_size": (int, (">=", 1)),
+    "client.optimizer": (str, None),
+    "client.lr": (float, (">", 0)),
+    "client.momentum": (float, (">=", 0)),
+    "client.weight_decay": (float, (">=", 0)),
+    "partition.server_pool": (int, (">=", 0)),
+    "partition.test_fraction": (float, (">=", 0)),
+    "partition.classes_per_client": (int, (">=", 1)),
+    "dataset.max_samples": (int | None, (">=", 1)),
+}
+_BOUNDS = {">=": operator.ge, ">": operator.gt, "<": operator.lt}
+_SEQUENCES = (list, tuple, Sequence)
+
+
+def fits(value: Any, ann: Any) -> bool:
+    """Whether a config value fits a type annotation: an int is not a bool or a float, a float
+    accepts an int, Optional/Union/Literal/list[...] are followed; a class that a config value
+    cannot be (a context, a callable) is not checked."""
+    origin, args = typing.get_origin(ann), typing.get_args(ann)
+    if ann is Any:
+        return True
+    if origin in (Union, types.UnionType):
+        return any(fits(value, a) for a in args)
+    if origin is Literal:
+        return any(value == a and type(value) is type(a) for a in args)
+    if ann is None or ann is type(None):
+        return value is None
+    if ann is bool:
+        return isinstance(value, bool)
+    if ann is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if ann is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if ann in (str, Path, os.PathLike):
+        return isinstance(value, str)
+    if ann in _SEQUENCES or origin in _SEQUENCES:
+        if not isinstance(value, list | tuple):
+            return False
+        if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):  # fixed length
+            return len(args) == len(value) and all(fits(v, a) for v, a in zip(value, args))
+        return not args or all(fits(v, args[0]) for v in value)
+    if ann in (dict, Mapping) or origin in (dict, Mapping):
+        return isinstance(value, dict)
+    return True
+
+
+def describe(ann: Any) -> str:
+    """'an int', 'a number', 'one of a, b', 'an int or null', ... for error messages."""
+    origin, args = typing.get_origin(ann), typing.get_args(ann)
+    if origin in (Union, types.UnionType):
+        return " or ".join(dict.fromkeys(describe(a) for a in args))
+    if origin is Literal:
+        return "one of " + ", ".join(map(str, args))
+    names = {int: "an int", float: "a number", bool: "true or false", str: "a string"}
+    if ann in names:
+        return names[ann]
+    if ann is None or ann is type(None):
+        return "null"
+    if ann in (Path, os.PathLike):
+        return "a path"
+    if ann in _SEQUENCES or origin in _SEQUENCES:
+        plural = {int: " of ints", float: " of numbers", str: " of strings", bool: " of booleans"}
+        homogeneous = args and (origin is not tuple or args[-1] is Ellipsis)
+        return "a list" + (plural.get(args[0], "") if homogeneous else "")
+    return getattr(ann, "__name__", str(ann))
+
+
+def check_value(key: str, value: Any, ann: Any, bound: tuple | None = None) -> None:
+    """Raise ConfigError `key: must be <type>, got <value>` (or the bound it breaks); `bound`:
+    `(op, limit)` or a tuple of them (`((">=", 0), ("<", 2**63))`)."""
+    if not fits(value, ann):
+        raise ConfigError(f"{key}: must be {describe(ann)}, got {value!r}")
+    bounds = (bound,) if bound is not None and isinstance(bound[0], str) else bound or ()
+    for op, limit in bounds:
+        if value is not None and not _BOUNDS[op](value, limit):
+            shown = "2**63" if limit == 2**63 else limit
+            raise ConfigError(f"{key}: must be {op} {shown}, got {value!r}")

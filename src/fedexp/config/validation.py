@@ -27,19 +27,15 @@ Examples of declared checks (the components they belong to land with them):
 
 from __future__ import annotations
 
-import operator
-import os
 import re
-import types
-import typing
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from pathlib import Path
-from typing import Any, Literal, Union
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
-from fedexp.core.config import accepted_options, not_an_option
+from fedexp.config.build import accepted_options, annotations_of, not_an_option
+from fedexp.config.values import check_config_values, check_value
 from fedexp.errors import ConfigError, with_checks  # noqa: F401 - with_checks is part of this API
 
 ConfigCheck = Callable[[DictConfig], None]
@@ -120,105 +116,10 @@ def validate_data(cfg: DictConfig, data: Any) -> None:
         rule(cfg, data)
 
 
-# ---- types and ranges ---------------------------------------------------------------------------
-# run scalars and client settings (no `_target_` to read them from): key -> (type, bound)
-SCALARS: dict[str, tuple[Any, tuple | None]] = {
-    "seed": (int, ((">=", 0), ("<", 2**63))),  # torch and numpy seeds take 64-bit signed ints
-    "rounds": (int, (">=", 1)),
-    "num_clients": (int, (">=", 1)),
-    "clients_per_round": (int, (">=", 1)),
-    "eval_every": (int, (">=", 1)),
-    "eval.personal_clients": (int | None, (">=", 1)),
-    "device": (str, None),
-    "progress": (bool, None),
-    "progress_every_s": (float | None, (">=", 0)),
-    "objective": (str | None, None),
-    "client.local_epochs": (int, (">=", 1)),
-    "client.batch_size": (int, (">=", 1)),
-    "client.optimizer": (str, None),
-    "client.lr": (float, (">", 0)),
-    "client.momentum": (float, (">=", 0)),
-    "client.weight_decay": (float, (">=", 0)),
-    "partition.server_pool": (int, (">=", 0)),
-    "partition.test_fraction": (float, (">=", 0)),
-    "partition.classes_per_client": (int, (">=", 1)),
-    "dataset.max_samples": (int | None, (">=", 1)),
-}
-_BOUNDS = {">=": operator.ge, ">": operator.gt, "<": operator.lt}
-_SEQUENCES = (list, tuple, Sequence)
-
-
-def fits(value: Any, ann: Any) -> bool:
-    """Whether a config value fits a type annotation: an int is not a bool or a float, a float
-    accepts an int, Optional/Union/Literal/list[...] are followed; a class that a config value
-    cannot be (a context, a callable) is not checked."""
-    origin, args = typing.get_origin(ann), typing.get_args(ann)
-    if ann is Any:
-        return True
-    if origin in (Union, types.UnionType):
-        return any(fits(value, a) for a in args)
-    if origin is Literal:
-        return any(value == a and type(value) is type(a) for a in args)
-    if ann is None or ann is type(None):
-        return value is None
-    if ann is bool:
-        return isinstance(value, bool)
-    if ann is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if ann is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if ann in (str, Path, os.PathLike):
-        return isinstance(value, str)
-    if ann in _SEQUENCES or origin in _SEQUENCES:
-        if not isinstance(value, list | tuple):
-            return False
-        if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):  # fixed length
-            return len(args) == len(value) and all(fits(v, a) for v, a in zip(value, args))
-        return not args or all(fits(v, args[0]) for v in value)
-    if ann in (dict, Mapping) or origin in (dict, Mapping):
-        return isinstance(value, dict)
-    return True
-
-
-def describe(ann: Any) -> str:
-    """'an int', 'a number', 'one of a, b', 'an int or null', ... for error messages."""
-    origin, args = typing.get_origin(ann), typing.get_args(ann)
-    if origin in (Union, types.UnionType):
-        return " or ".join(dict.fromkeys(describe(a) for a in args))
-    if origin is Literal:
-        return "one of " + ", ".join(map(str, args))
-    names = {int: "an int", float: "a number", bool: "true or false", str: "a string"}
-    if ann in names:
-        return names[ann]
-    if ann is None or ann is type(None):
-        return "null"
-    if ann in (Path, os.PathLike):
-        return "a path"
-    if ann in _SEQUENCES or origin in _SEQUENCES:
-        plural = {int: " of ints", float: " of numbers", str: " of strings", bool: " of booleans"}
-        homogeneous = args and (origin is not tuple or args[-1] is Ellipsis)
-        return "a list" + (plural.get(args[0], "") if homogeneous else "")
-    return getattr(ann, "__name__", str(ann))
-
-
-def check_value(key: str, value: Any, ann: Any, bound: tuple | None = None) -> None:
-    """Raise ConfigError `key: must be <type>, got <value>` (or the bound it breaks); `bound`:
-    `(op, limit)` or a tuple of them (`((">=", 0), ("<", 2**63))`)."""
-    if not fits(value, ann):
-        raise ConfigError(f"{key}: must be {describe(ann)}, got {value!r}")
-    bounds = (bound,) if bound is not None and isinstance(bound[0], str) else bound or ()
-    for op, limit in bounds:
-        if value is not None and not _BOUNDS[op](value, limit):
-            shown = "2**63" if limit == 2**63 else limit
-            raise ConfigError(f"{key}: must be {op} {shown}, got {value!r}")
-
-
+# ---- types and ranges (the scalars' own: `fedexp.config.values`) -------------------------------
 def check_types(cfg: DictConfig) -> None:
     """Types and ranges of the run scalars (`SCALARS`), then of every component's options
     against its target's annotations; raises ConfigError."""
-    from fedexp.core.config import annotations_of
-    from fedexp.core.config_values import check_config_values
-
     check_config_values(cfg)  # resolves, required keys, the scalars, finite numbers, dirs
     nodes = [(key, obj, OmegaConf.select(cfg, key)) for key, obj in components(cfg)]
     for key, obj, node in nodes:

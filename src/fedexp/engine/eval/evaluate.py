@@ -6,58 +6,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
-from torch import nn
 
 from fedexp.core.algorithm import Algorithm
 from fedexp.core.types import ServerState
+from fedexp.engine.eval.hits import accuracy, client_accuracies, indexed_hits
+from fedexp.engine.eval.personal import personal_accuracies
 
-EVAL_BATCH = 4096
 PERSONAL_SAMPLE_STREAM = 7177  # the seed stream of the `eval.personal_clients` sample
-
-
-@torch.no_grad()
-def correct_counts(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Per-sample correctness (bool tensor) of `model` on (x, y)."""
-    model.eval()
-    out = [
-        model(x[i : i + EVAL_BATCH]).argmax(1) == y[i : i + EVAL_BATCH]
-        for i in range(0, len(y), EVAL_BATCH)
-    ]
-    return torch.cat(out) if out else torch.zeros(0, dtype=torch.bool, device=y.device)
-
-
-@torch.no_grad()
-def indexed_hits(model: nn.Module, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor):
-    """`correct_counts(model, x[idx], y[idx])`, gathering one batch at a time (no copy of the
-    indexed samples: the same batches, so the same values)."""
-    model.eval()
-    out = [
-        model(x[idx[i : i + EVAL_BATCH]]).argmax(1) == y[idx[i : i + EVAL_BATCH]]
-        for i in range(0, len(idx), EVAL_BATCH)
-    ]
-    return torch.cat(out) if out else torch.zeros(0, dtype=torch.bool, device=y.device)
-
-
-def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
-    hits = correct_counts(model, x, y)
-    return float(hits.float().mean()) if len(hits) else float("nan")
-
-
-def client_accuracies(model: nn.Module, data, split: str = "test") -> np.ndarray:
-    """One model's accuracy on every client's local test split (NaN where a split is empty).
-
-    One batched pass and one host sync instead of one per client (1000 clients, every 10
-    rounds, cost more than the training itself on a GPU). Per-client sums of hits are exact,
-    so the values equal those of a per-client `accuracy` loop.
-    """
-    idx, _ = data.local_index(split)
-    owner = data.owners(split)
-    hits = indexed_hits(model, data.x, data.y, idx).float()
-    n = data.num_clients
-    totals = torch.bincount(owner, weights=hits, minlength=n).float()
-    counts = torch.bincount(owner, minlength=n).float()
-    return (totals / counts).double().cpu().numpy()
 
 
 def distribution(prefix: str, accs: np.ndarray) -> dict[str, float]:
@@ -108,7 +63,7 @@ def evaluate(
     Test metrics are `eval/global/...` and `eval/personal/...`; where the clients have validation
     splits the same measures on validation data are `eval/val/global/...` (the pooled validation
     set is the union of the local validation splits) and `eval/val/personal/...`. Personal models
-    are evaluated in batched passes (`fedexp.core.personal_eval`), of every client or, with
+    are evaluated in batched passes (`fedexp.engine.eval.personal`), of every client or, with
     `personal_clients`, of a seeded sample of that many (`personal_sample`; their ids are then
     listed under `personal_clients`).
     """
@@ -133,8 +88,6 @@ def evaluate(
             metrics.update({k.replace("client/acc", "client_acc"): v for k, v in spread.items()})
             if split == "test":
                 per_client["global"] = accs.tolist()
-    from fedexp.core.personal_eval import personal_accuracies
-
     clients = personal_sample(data.num_clients, personal_clients, seed)
     personal = personal_accuracies(algorithm, state, data, clients, splits)
     for split in splits if personal is not None else ():

@@ -31,9 +31,8 @@ from torch import nn
 from torch.utils._pytree import tree_map
 
 from fedexp.core.algorithm import Algorithm
-from fedexp.core.checkpoint import check_saveable, config_hash, save_atomic
-from fedexp.core.client_store import state_bytes
-from fedexp.core.personal_eval import holds_tensor, tensor_attrs
+from fedexp.core.client_store import holds_tensor, state_bytes, tensor_attrs
+from fedexp.runtime.checkpoint import check_saveable, config_hash, save_atomic
 
 MODEL_FILE = "model.pt"
 PERSONAL_DIR = "personal_models"

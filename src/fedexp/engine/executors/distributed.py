@@ -1,0 +1,131 @@
+"""executor=distributed: one run over several processes (`torchrun`), the cohort sharded by ranks.
+
+    torchrun --nproc_per_node K -m fedexp executor=distributed [executor.inner=vectorized] ...
+
+Every rank builds the same experiment (same seed, same data, same initial state). Each round,
+every rank computes the same cohort, trains its shard of it (balanced by sample count) with the
+inner executor, and one `all_gather_object` per round hands every rank all the uploads plus the
+client-store entries its peers wrote; every rank then aggregates identically, so the server state
+stays the same everywhere without a broadcast. Per-client seeds depend on (seed, round, client)
+only, so the sharding does not change what a client computes. Rank 0 writes the outputs; the
+other ranks write into a temporary dir that is removed at exit (`prepare_rank`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from fedexp.core.algorithm import Algorithm
+from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext
+from fedexp.engine.executors.select import executor_named
+from fedexp.runtime.ranks import world
+
+
+def shard(sizes: Mapping[int, int], num_shards: int) -> list[list[int]]:
+    """Clients -> shards with near-equal sample totals (largest first onto the lightest shard).
+
+    Deterministic: ties go to the lower client id and the lower shard. Each shard is sorted.
+    """
+    loads = [0] * num_shards
+    shards: list[list[int]] = [[] for _ in range(num_shards)]
+    for cid in sorted(sizes, key=lambda c: (-sizes[c], c)):
+        target = min(range(num_shards), key=lambda s: (loads[s], s))
+        shards[target].append(cid)
+        loads[target] += sizes[cid]
+    return [sorted(s) for s in shards]
+
+
+def to_device(obj: Any, device: torch.device) -> Any:
+    """`obj` with every tensor inside (dataclasses, lists, tuples, dicts) moved to `device`."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        changes = {f.name: to_device(getattr(obj, f.name), device) for f in dataclasses.fields(obj)}
+        return dataclasses.replace(obj, **changes)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_device(v, device) for v in obj)
+    if isinstance(obj, dict):
+        return {k: to_device(v, device) for k, v in obj.items()}
+    return obj
+
+
+class DistributedExecutor:
+    """Shards each round's cohort over the process group; the inner executor trains a shard.
+
+    Args:
+        inner: the executor each rank runs on its shard: auto, sequential or vectorized.
+        device: the run's `device` (auto picks the inner executor from it).
+        chunk_size: vectorized inner executor only: clients per vmapped call.
+        backend: `auto` (nccl on CUDA, gloo on CPU), `gloo` or `nccl`.
+        timeout_s: collective timeout.
+    """
+
+    def __init__(
+        self,
+        inner: str,
+        device: str,
+        chunk_size: int | None,
+        backend: str,
+        timeout_s: float,
+    ):
+        rank, size = world()
+        if "RANK" not in os.environ:
+            raise ConfigError(
+                "executor: distributed needs torchrun (torchrun --nproc_per_node K -m fedexp ...)"
+            )
+        if backend == "auto":
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend not in ("gloo", "nccl"):
+            raise ConfigError(f"executor.backend: must be auto, gloo or nccl, got {backend!r}")
+        if not dist.is_initialized():
+            from datetime import timedelta
+
+            dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+            atexit.register(_shutdown)
+        self.rank, self.size = rank, size
+        self.inner = executor_named(inner, device, chunk_size, key="executor.inner")
+
+    def check_algorithm(self, algorithm: Algorithm, num_clients: int) -> None:
+        """The inner executor's check of what it can train (none for sequential)."""
+        check = getattr(self.inner, "check_algorithm", None)
+        if check is not None:
+            check(algorithm, num_clients)
+
+    def run(
+        self, algorithm: Algorithm, payloads: Mapping[int, Message], ctx: RoundContext, data
+    ) -> list[ClientResult]:
+        sizes = {cid: data.num_train(cid) for cid in ctx.client_ids}
+        mine = shard(sizes, self.size)[self.rank]
+        results = []
+        if mine:
+            sub = dataclasses.replace(ctx, client_ids=tuple(mine))
+            results = self.inner.run(algorithm, {c: payloads[c] for c in mine}, sub, data)
+        cpu = torch.device("cpu")
+        stored = {cid: algorithm.store.get(cid) for cid in mine if cid in algorithm.store}
+        gathered: list = [None] * self.size
+        dist.all_gather_object(gathered, to_device((results, stored), cpu))  # the round's one
+        by_id = {r.client_id: r for r in results}
+        for rank, (rank_results, rank_stored) in enumerate(gathered):
+            if rank == self.rank:
+                continue
+            for cid, state in rank_stored.items():  # so any rank can serve any client later
+                algorithm.store.put(cid, to_device(state, algorithm.device))
+            for r in rank_results:
+                by_id[r.client_id] = to_device(r, algorithm.device)
+        return [by_id[cid] for cid in ctx.client_ids]
+
+
+def _shutdown() -> None:
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - exiting anyway
+            print("fedexp: process group shutdown failed", file=sys.stderr)

@@ -1,0 +1,321 @@
+"""executor=vectorized: the round's clients that share an architecture train at once (torch.func).
+
+The objective is the module's own `training_step`, run under `functional_call` with each
+client's parameters and vmapped over the cohort; `grad` differentiates it and a functional
+SGD/Adam (`functional_optim`) keeps one optimizer state per client. What a module must satisfy:
+
+- `training_step(batch, batch_idx)` is a pure function of the module's parameters, buffers and
+  attributes: no `.item()`, no data-dependent Python control flow, no in-place writes to
+  parameters or buffers (so no BatchNorm running statistics).
+- The task loss ignores padded samples: a short batch is padded to `batch_size` with label -100,
+  which `F.cross_entropy` ignores (its mean runs over the real samples only), so each client's
+  gradient is that of its unpadded batch. Terms that do not depend on the batch (FedProx's
+  proximal term, an alignment term on a shared dataset, a KL) need nothing.
+- Per-client inputs that `client_begin` sets as module attributes (tensors, lists/dicts of
+  tensors, numbers) are stacked across clients and set back, one slice per client, inside vmap;
+  attributes every client shares (the same object, or an equal number) stay as they are.
+  `client_begin` must assign new tensors rather than write into ones it gave another client.
+- Randomness inside `training_step` comes from torch's global RNG (`self.generator` is None
+  there); vmap draws it independently per client (`randomness="different"`), seeded from
+  (seed, round, first client). Shuffling still uses each client's own generator, so a
+  deterministic objective trains on exactly the batches of the sequential executor.
+- A custom `autograd.Function` (straight-through estimators) needs `setup_context` and
+  `generate_vmap_rule = True`.
+- `client_begin`/`client_end` talk through the module and the client store only: all of a
+  cohort's `client_begin` calls run before training, all `client_end` calls after (the
+  sequential executor's `begin_client` / `finish_client`, wrapped around the batched training;
+  `client_end` gets the same `LocalTraining` facts as there).
+- What `training_step` logs (`self.log`) leaves the vmapped step as an output, one value per
+  client, and is averaged over each client's own (unpadded) steps. A value computed over the
+  batch sees the padded samples of an epoch's short last batch (label -100), as the loss does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad_and_value, vmap
+
+from fedexp.core.algorithm import Algorithm
+from fedexp.core.client import ClientModule
+from fedexp.core.client_loop import begin_client, client_streams, finish_client
+from fedexp.core.local import LocalTraining, PhaseTraining, optimizer_lrs
+from fedexp.core.seeding import CLIENT, derive_seed, seed_global_rng
+from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext
+from fedexp.engine.functional_optim import FunctionalOptimizer, spec_from_optimizer
+from fedexp.engine.stacking import architecture, client_attrs, split_attrs
+
+IGNORE_LABEL = -100  # F.cross_entropy's default ignore_index
+
+
+@dataclass
+class _PhasePlan:
+    name: str
+    param_names: tuple[str, ...]
+    steps: int  # this client's steps in the phase
+    orders: list[torch.Tensor]  # one permutation per epoch, from the client's generator
+    lrs: tuple[float, ...] = ()  # the phase optimizer's learning rates, per param group
+
+
+@dataclass
+class _ClientRun:
+    """One client between `client_begin` and training."""
+
+    client_id: int
+    module: ClientModule
+    generator: torch.Generator
+    x: torch.Tensor
+    y: torch.Tensor
+    attrs: dict[str, Any]
+    phases: list[_PhasePlan]
+    optim_specs: list[dict]
+    state: dict[str, torch.Tensor] = field(default_factory=dict)  # params and buffers
+    payload: Message | None = None  # what the client received, handed back to `client_end`
+
+
+class _TrainingStep(nn.Module):
+    """Makes `training_step` the forward, so `functional_call` can swap the parameters in."""
+
+    def __init__(self, inner: ClientModule):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, batch, batch_idx: int) -> torch.Tensor:
+        return self.inner.training_step(batch, batch_idx)
+
+
+def _check_vmappable(module: nn.Module) -> None:
+    for m in module.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
+            raise ConfigError(
+                "executor: BatchNorm running statistics cannot be vectorized; use "
+                "executor=sequential or track_running_stats=False"
+            )
+
+
+class VectorizedExecutor:
+    """Trains each architecture group of the cohort at once with `torch.func`.
+
+    The local batch size and optimizer are the algorithm's `ClientConfig`.
+
+    Args:
+        chunk_size: at most this many clients per vmapped call (bounds GPU memory); None: all.
+    """
+
+    def __init__(self, chunk_size: int | None):
+        if chunk_size is not None and chunk_size < 1:
+            raise ConfigError(f"executor.chunk_size: must be >= 1 or null, got {chunk_size}")
+        self.chunk_size = chunk_size
+
+    def check_algorithm(self, algorithm: Algorithm, num_clients: int) -> None:
+        """Raise ConfigError before any training when a client module cannot be vmapped."""
+        seen: set[int] = set()
+        for cid in range(num_clients):
+            module = algorithm.client_module(cid)
+            if id(module) not in seen:
+                seen.add(id(module))
+                _check_vmappable(module)
+
+    def run(
+        self, algorithm: Algorithm, payloads: Mapping[int, Message], ctx: RoundContext, data
+    ) -> list[ClientResult]:
+        batch_size = algorithm.ctx.client.batch_size
+        runs = [
+            self._begin(algorithm, cid, payloads[cid], ctx, data, batch_size)
+            for cid in ctx.client_ids
+        ]
+        groups: dict[tuple, list[_ClientRun]] = {}
+        for run in runs:
+            groups.setdefault(architecture(run.module), []).append(run)
+        trained: dict[int, tuple[dict, torch.Tensor, int, dict]] = {}
+        step = self.chunk_size or len(runs)
+        for group in groups.values():
+            for start in range(0, len(group), step):
+                chunk = group[start : start + step]
+                seed_global_rng(
+                    derive_seed(ctx.seed, CLIENT, ctx.round, chunk[0].client_id, 2),
+                    algorithm.device,
+                )
+                trained.update(self._train(chunk, data, batch_size))
+        results = []
+        for run in runs:
+            params, loss, steps, logged = trained[run.client_id]
+            module = run.module
+            with torch.no_grad():  # trained parameters; buffers as this client's begin left them
+                for name, p in module.named_parameters():
+                    p.copy_(params[name])
+                for name, b in module.named_buffers():
+                    b.copy_(run.state[name])
+            vars(module).update(run.attrs)
+            module.generator = run.generator
+            module.set_local_data((run.x, run.y))
+            phases = tuple(PhaseTraining(p.name, len(p.orders), p.steps, p.lrs) for p in run.phases)
+            training = LocalTraining(steps, len(run.y), loss, phases)
+            results.append(
+                finish_client(algorithm, module, run.client_id, run.payload, training, logged)
+            )
+        return results
+
+    # ---- before training: the sequential executor's calls, in its order ----------------------
+    def _begin(
+        self, algorithm, cid: int, payload, ctx: RoundContext, data, batch_size: int
+    ) -> _ClientRun:
+        global_seed, generator = client_streams(ctx.seed, ctx.round, cid)
+        x, y = data.train(cid)
+        module = begin_client(algorithm, cid, payload, global_seed, generator, (x, y))
+        module.train()
+        names = {id(p): n for n, p in module.named_parameters()}
+        phases, specs = [], []
+        for phase in module.phases():
+            module.start_phase(phase)
+            optimizer = module.configure_optimizers()
+            specs.append(spec_from_optimizer(optimizer, names))
+            orders = [
+                torch.randperm(len(y), generator=module.generator) for _ in range(phase.epochs)
+            ]
+            per_epoch = -(-len(y) // batch_size)
+            phase_names = tuple(names[id(p)] for p in phase.params)
+            steps = phase.epochs * per_epoch
+            lrs = optimizer_lrs(optimizer)
+            phases.append(_PhasePlan(phase.name, phase_names, steps, orders, lrs))
+        # this client's starting point: the next client_begin overwrites the module
+        state = {
+            n: t.detach().clone() for n, t in [*module.named_parameters(), *module.named_buffers()]
+        }
+        attrs = client_attrs(module)
+        return _ClientRun(cid, module, module.generator, x, y, attrs, phases, specs, state, payload)
+
+    # ---- one vmapped group ---------------------------------------------------------------------
+    def _train(self, runs: list[_ClientRun], data, batch_size: int) -> dict[int, tuple]:
+        module = runs[0].module
+        _check_vmappable(module)
+        device = runs[0].x.device
+        num = len(runs)
+        layouts = {tuple((p.name, p.param_names) for p in r.phases) for r in runs}
+        if len(layouts) > 1:
+            raise ConfigError("executor: clients of one architecture must share their phases")
+        param_names = [n for n, _ in module.named_parameters()]
+        buffer_names = [n for n, _ in module.named_buffers()]
+        stacked = {n: torch.stack([r.state[n] for r in runs]) for n in param_names}
+        buffers = {n: torch.stack([r.state[n] for r in runs]) for n in buffer_names}
+        shared_attrs, batched_attrs = split_attrs([r.attrs for r in runs], device)
+        x_all = torch.cat([r.x for r in runs])
+        y_all = torch.cat([r.y for r in runs])
+        offsets = torch.tensor([0, *[len(r.y) for r in runs]]).cumsum(0)[:-1].tolist()
+        transform = getattr(data, "batch_transform", None)
+        step_fn = _vmapped_step(module)
+        loss_sum = torch.zeros(num, device=device)
+        log_sums: dict[str, torch.Tensor] = {}  # name -> [num], over each client's own steps
+        log_counts: dict[str, torch.Tensor] = {}
+        total_steps = [0] * num
+        global_step = 0
+        generator_backup = module.generator
+        module.generator = None  # inside vmap, randomness comes from the global RNG
+        vars(module).update(shared_attrs)
+        try:
+            for k, phase in enumerate(runs[0].phases):
+                module.current_phase = phase.name  # as `start_phase` sets it sequentially
+                trainable = set(phase.param_names)
+                optim = FunctionalOptimizer(runs[0].optim_specs[k])
+                idx, valid, active = _schedule(runs, k, offsets, batch_size)
+                everyone = active.all(0).tolist()  # on the host: no device sync per step
+                idx, valid, active = idx.to(device), valid.to(device), active.to(device)
+                for t in range(idx.shape[1]):
+                    xb = x_all[idx[:, t]]
+                    if transform is not None:  # each client's augmentation from its own stream
+                        xb = torch.stack(
+                            [transform(xb[i], r.generator) for i, r in enumerate(runs)]
+                        )
+                    yb = y_all[idx[:, t]].masked_fill(~valid[:, t], IGNORE_LABEL)
+                    train = {n: stacked[n] for n in param_names if n in trainable}
+                    frozen = {n: stacked[n] for n in param_names if n not in trainable}
+                    grads, (loss, logged) = step_fn(
+                        train, frozen, buffers, batched_attrs, xb, yb, global_step + t
+                    )
+                    if everyone[t]:
+                        optim.step(train, grads, None)
+                        loss_sum += loss.detach()
+                    else:
+                        optim.step(train, grads, active[:, t])
+                        loss_sum += torch.where(active[:, t], loss.detach(), 0.0)
+                    if logged:
+                        _fold_logged(log_sums, log_counts, logged, active[:, t], everyone[t])
+                    stacked.update(train)
+                global_step += idx.shape[1]
+                for i, r in enumerate(runs):
+                    total_steps[i] += r.phases[k].steps
+        finally:
+            module.generator = generator_backup
+        out = {}
+        for i, r in enumerate(runs):
+            params = {n: stacked[n][i] for n in param_names}
+            logged = {k: log_sums[k][i] / log_counts[k][i] for k in log_sums if log_counts[k][i]}
+            loss = loss_sum[i] / max(total_steps[i], 1)
+            out[r.client_id] = (params, loss, total_steps[i], logged)
+        return out
+
+
+def _fold_logged(sums: dict, counts: dict, logged: dict, active: torch.Tensor, everyone: bool):
+    """Add one step's logged values [num] of the active clients to the running sums."""
+    for name, value in logged.items():
+        value = value.detach().float()
+        if name not in sums:
+            sums[name] = torch.zeros_like(value)
+            counts[name] = torch.zeros(value.shape, dtype=torch.long, device=value.device)
+        sums[name] += value if everyone else torch.where(active, value, 0.0)
+        counts[name] += active
+
+
+def _vmapped_step(module: ClientModule):
+    """(trainable, frozen, buffers, attrs, x, y, batch_idx) -> (grads, (loss, logged)), per
+    client; `logged`: what the step passed to `self.log` (batched values must leave vmap as
+    outputs, so they are taken off the capture inside the step)."""
+    wrapper = _TrainingStep(module)
+    capture = module.log_capture
+
+    def loss_fn(trainable, frozen, buffers, attrs, x, y, batch_idx):
+        vars(module).update(attrs)
+        state = {f"inner.{n}": t for n, t in {**trainable, **frozen, **buffers}.items()}
+        capture.take_step()
+        loss = functional_call(wrapper, state, ((x, y), batch_idx))
+        return loss, capture.take_step()
+
+    return vmap(
+        grad_and_value(loss_fn, has_aux=True),
+        in_dims=(0, 0, 0, 0, 0, 0, None),
+        randomness="different",
+    )
+
+
+def _schedule(runs: list[_ClientRun], k: int, offsets: list[int], batch_size: int):
+    """Batch indices [C, T, B] into the cohort's data, their validity, and active steps [C, T].
+
+    Each epoch's last, short batch is padded (invalid samples, label ignored); a client with
+    fewer steps than the longest repeats its first batch on the padded steps and is masked out
+    of the update.
+    """
+    steps = max(r.phases[k].steps for r in runs)
+    idx = torch.zeros(len(runs), steps, batch_size, dtype=torch.long)
+    valid = torch.zeros(len(runs), steps, batch_size, dtype=torch.bool)
+    active = torch.zeros(len(runs), steps, dtype=torch.bool)
+    for i, r in enumerate(runs):
+        plan = r.phases[k]
+        if not plan.orders:
+            continue
+        n = len(r.y)
+        per_epoch = -(-n // batch_size)
+        pad = per_epoch * batch_size - n
+        rows = [
+            torch.cat([order, order.new_full((pad,), -1)]).view(per_epoch, batch_size)
+            for order in plan.orders
+        ]
+        pos = torch.cat(rows)
+        pos = torch.cat([pos, pos[:1].expand(steps - len(pos), -1)])
+        idx[i] = pos.clamp(min=0) + offsets[i]
+        valid[i] = pos >= 0
+        active[i, : plan.steps] = True
+    return idx, valid, active

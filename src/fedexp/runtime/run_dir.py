@@ -1,0 +1,214 @@
+"""One writer per run dir: an OS lock for the run's life, and no fresh run over finished results.
+
+A run holds an exclusive `fcntl.flock` on `<run dir>/.fedexp.lock` from before Hydra writes
+anything into the dir until the process exits; the OS releases it on any exit, SIGKILL included.
+A second writer (a fresh run or a `resume=` into the same dir) is refused while it is held. A
+fresh run is also refused in a dir that already holds results (`RESULT_FILES`): Hydra's own
+`.hydra/` and log files do not count, so an empty dir, or one left by a run refused before
+training, can be used again.
+
+Hydra writes `.hydra/` into the run dir before the app runs, so the claim is made by a Hydra
+callback (`RunDirGuard`, registered in conf/config.yaml) before Hydra touches the dir; the same
+callback refuses a sweep into a sweep dir that already holds one, and sets the sweep's exit code
+from its jobs' summaries.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from fedexp.core.summary import RunSummary
+from fedexp.errors import ConfigError, check_directory
+
+LOCK_FILE = ".fedexp.lock"
+RESULT_FILES = ("metrics.jsonl", "summary.json", "checkpoint.pt")
+EXIT_CONFIG, EXIT_FAILED = 2, 1
+
+_held: dict[Path, int] = {}  # run dir -> open lock fd, for this process
+_created: dict[Path, set[str] | None] = {}  # run dir -> names it held before (None: new dir)
+sweep_exit_code = 0  # set by RunDirGuard.on_multirun_end
+
+
+def holds_results(run_dir: str | Path) -> list[str]:
+    """The result files present in `run_dir` (metrics.jsonl, summary.json, checkpoint.pt)."""
+    return [name for name in RESULT_FILES if (Path(run_dir) / name).exists()]
+
+
+def claim(run_dir: str | Path, fresh: bool, key: str = "hydra.run.dir") -> Path:
+    """Take the run dir's lock (creating the dir if needed); raise ConfigError if another process
+    holds it or, for a `fresh` run, if the dir already holds results. Idempotent in a process."""
+    if run_dir is None or not str(run_dir).strip():
+        raise ConfigError(f"{key}: empty; give the run's own directory (not the current one)")
+    run_dir = Path(run_dir).resolve()
+    if run_dir not in _held:
+        check_directory(key, run_dir)  # a file, or under a file
+        try:
+            existed = run_dir.is_dir()
+            before = {p.name for p in run_dir.iterdir()} if existed else None
+            run_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise ConfigError(f"{key}: cannot write into {run_dir} ({cause(err)})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise ConfigError(
+                f"{key}: {run_dir} is being written by another fedexp process (pid {owner}); "
+                "wait for it to end or choose another dir"
+            ) from None
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            probe_space(run_dir)
+        except OSError as err:
+            os.close(fd)
+            if before is None:  # this call made the dir: take it away again
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise ConfigError(f"{key}: cannot write into {run_dir} ({cause(err)})") from None
+        _held[run_dir] = fd
+        _created[run_dir] = before
+    found = holds_results(run_dir) if fresh else []
+    if found:
+        release(run_dir)
+        raise ConfigError(
+            f"{key}: {run_dir} already holds the results of a run ({', '.join(found)}); "
+            f"continue it with resume={run_dir}, or choose another dir"
+        )
+    return run_dir
+
+
+PROBE_BYTES = 1 << 16  # more than Hydra writes into .hydra/ before a run starts
+
+
+def probe_space(run_dir: Path) -> None:
+    """Write, sync and remove a small file: a full disk or a read-only mount fails here, at
+    the start, not in the middle of a run's first files (raises OSError)."""
+    probe = run_dir / f".fedexp.probe-{os.getpid()}"
+    fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, bytes(PROBE_BYTES))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+        probe.unlink(missing_ok=True)
+
+
+def cause(err: OSError) -> str:
+    """`No space left on device`, `Read-only file system`, ... of an OSError."""
+    return err.strerror or type(err).__name__
+
+
+def os_error_line(err: OSError, run_dir: Path) -> str:
+    """`<path>: <cause>` of a failed file operation (`... (the run dir is gone)` if it is)."""
+    path = err.filename if err.filename is not None else run_dir
+    line = f"{path}: {err.strerror or one_line(err)}"
+    if not Path(run_dir).is_dir():
+        line += f" (the run dir {run_dir} is gone)"
+    return line
+
+
+def one_line(err: BaseException) -> str:
+    first = (str(err).strip().splitlines() or [""])[0]
+    return f"{type(err).__name__}: {first}" if first else type(err).__name__
+
+
+def resume_hint(run_dir: Path) -> str:
+    """How to continue a run that stopped: from its checkpoint, if it has one."""
+    if (Path(run_dir) / "checkpoint.pt").is_file():
+        return f"continue from its last checkpoint with: python -m fedexp resume={run_dir}"
+    return "no checkpoint was written, so the run cannot be resumed"
+
+
+def release(run_dir: str | Path) -> None:
+    """Drop this process's lock on `run_dir` (no-op if not held). The lock file stays: removing
+    it could let two later writers lock two different files."""
+    run_dir = Path(run_dir).resolve()
+    fd = _held.pop(run_dir, None)
+    _created.pop(run_dir, None)
+    if fd is not None:
+        os.close(fd)
+
+
+def discard(run_dir: str | Path) -> None:
+    """After a refused config: remove what this run put in `run_dir` (the whole dir if this
+    run created it, else only the entries that were not there before), and release the lock."""
+    run_dir = Path(run_dir).resolve()
+    if run_dir not in _held:
+        return
+    before = _created.get(run_dir)
+    if before is None:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    else:
+        for entry in run_dir.iterdir():
+            if entry.name not in before and entry.name != LOCK_FILE:
+                shutil.rmtree(entry) if entry.is_dir() else entry.unlink(missing_ok=True)
+    release(run_dir)
+
+
+def refuse(err: ConfigError) -> None:
+    """The one-line refusal: `fedexp: error: ...` on stderr, exit 2."""
+    print(f"fedexp: error: {err}", file=sys.stderr)
+    sys.exit(EXIT_CONFIG)
+
+
+def sweep_status(sweep_dir: str | Path) -> int:
+    """Exit code of a finished sweep from its jobs' summary.json: 2 if a job's config was refused,
+    else 1 if a job failed while it ran, else 0 (a diverged job is a result, recorded as such)."""
+    code = 0
+    for path in Path(sweep_dir).rglob("summary.json"):
+        try:
+            status = RunSummary.from_dict(json.loads(path.read_text())).status
+        except (OSError, ValueError):  # JSONDecodeError is a ValueError
+            continue
+        if status == "config_error":
+            return EXIT_CONFIG
+        if status == "failed":
+            code = EXIT_FAILED
+    return code
+
+
+try:
+    from hydra.experimental.callback import Callback
+except ImportError:  # pragma: no cover - Hydra is a dependency
+    Callback = object  # type: ignore[assignment,misc]
+
+
+class RunDirGuard(Callback):
+    """Hydra callback: claim the run dir (or check the sweep dir) before Hydra writes into it."""
+
+    def on_run_start(self, config: Any, **kwargs: Any) -> None:
+        try:
+            claim(config.hydra.run.dir, fresh=True)
+        except ConfigError as err:
+            refuse(err)
+
+    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        global sweep_exit_code
+        sweep_exit_code = 0
+        sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
+        try:
+            claim(sweep_dir, fresh=False, key="hydra.sweep.dir")
+            jobs = [p.parent.name for p in sweep_dir.glob("*/.hydra")]
+            resumable = (sweep_dir / "optuna.db").exists()  # a stored Optuna study continues
+            if ((sweep_dir / "multirun.yaml").exists() or jobs) and not resumable:
+                release(sweep_dir)
+                raise ConfigError(
+                    f"hydra.sweep.dir: {sweep_dir} already holds a sweep; choose another dir "
+                    "(or resume its jobs one at a time with resume=<sweep dir>/<job>)"
+                )
+        except ConfigError as err:
+            refuse(err)
+
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        global sweep_exit_code
+        sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
+        sweep_exit_code = sweep_status(sweep_dir)
+        release(sweep_dir)
