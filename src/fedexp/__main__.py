@@ -1,4 +1,8 @@
-"""`python -m fedexp [overrides]`: compose the config with Hydra, run, print the final table."""
+"""`python -m fedexp [overrides]`: compose the config with Hydra, run, print the final table.
+
+The imports of fedexp inside this module's functions are there for start-up time: `--help`, a
+config error and tab completion answer without importing torch or the run's modules.
+"""
 
 from __future__ import annotations
 

@@ -20,6 +20,7 @@ from fedexp.config.build import build, default_family
 from fedexp.config.validation import (
     NO_OBJECTIVE,
     check_objective_name,
+    check_types,
     validate_config,
     validate_data,
 )
@@ -62,8 +63,6 @@ log = logging.getLogger(__name__)
 def validate(cfg: DictConfig) -> None:
     """Checks that need no data: the config as values (`fedexp.config.values`), types and
     ranges (`check_types`), then the relations between scalars; one line naming the key."""
-    from fedexp.config.validation import check_types
-
     check_types(cfg)
     checks = [
         (

@@ -50,7 +50,7 @@ class SweepSummary(Callback):
         self.report = report
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
-        from fedexp.report import find_runs, write_report
+        from fedexp.report import find_runs, write_report  # start-up: matplotlib, at the end only
 
         sweep_dir = Path(str(config.hydra.sweep.dir))
         runs = find_runs([sweep_dir])

@@ -168,6 +168,41 @@ def test_resume_on_the_command_line_continues_the_run_in_place(
     assert lifecycle.rows(run_dir) == lifecycle.rows(tmp_path / "reference")
 
 
+# the `_target_`s of a run dir saved before engine/ and runtime/ existed (executor=auto under
+# debug=smoke); their modules stay as re-exports of the new ones for a release
+ENGINE = "fedexp.engine.executors"
+PRE_MOVE_TARGETS = {
+    f"{ENGINE}.select.auto_executor": "fedexp.core.executors.auto_executor",
+    f"{ENGINE}.sequential.SequentialExecutor": "fedexp.core.executors.SequentialExecutor",
+    f"{ENGINE}.vectorized.VectorizedExecutor": "fedexp.core.vectorized.VectorizedExecutor",
+    "fedexp.runtime.run_dir.RunDirGuard": "fedexp.core.run_dir.RunDirGuard",
+}
+
+
+@pytest.mark.parametrize("executor", ["auto", "sequential", "vectorized"])
+def test_a_run_dir_saved_before_the_move_resumes(
+    compose_cfg, lifecycle, tmp_path, monkeypatch, capsys, executor
+):
+    cfg, ref = reference(compose_cfg, lifecycle, tmp_path, f"executor={executor}")
+    run_dir = tmp_path / "stopped"
+    text = OmegaConf.to_yaml(cfg)
+    old = [new for new in PRE_MOVE_TARGETS if f"_target_: {new}" in text]
+    assert len(old) == 1  # the executor's target, written as an old path
+    for new, before in PRE_MOVE_TARGETS.items():
+        text = text.replace(f"_target_: {new}", f"_target_: {before}")
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra" / "config.yaml").write_text(text)
+    # the run itself built its executor from the old path, and checkpointed that config
+    old_cfg = OmegaConf.create(text)
+    lifecycle.run(old_cfg, run_dir, callbacks=[lifecycle.SignalAfter(1, signal.SIGINT)])
+    code, err = cli_main(monkeypatch, capsys, f"resume={run_dir}")
+    assert code == 0, err
+    assert PRE_MOVE_TARGETS[old[0]] in (run_dir / ".hydra" / "config.yaml").read_text()
+    resumed = json.loads((run_dir / "summary.json").read_text())
+    assert resumed["status"] == "completed" and resumed["resumed_from_round"] == 1
+    assert lifecycle.final(resumed) == lifecycle.final(ref)
+
+
 @pytest.mark.parametrize(
     ("prepare", "args", "expected"),
     [

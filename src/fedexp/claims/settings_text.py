@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fedexp.claims.catalogue import Claim, Setting, settings_of
+from fedexp.config.build import find_conf
 from fedexp.core.summary import RunSummary
 from fedexp.core.types import ConfigError
 
@@ -98,8 +99,6 @@ def composed(setting: Setting, extra: Sequence[str] = ()) -> dict[str, Any]:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
-
-    from fedexp.config.build import find_conf
 
     GlobalHydra.instance().clear()
     try:

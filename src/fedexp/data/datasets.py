@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedexp.data.augment import CropFlip
 from fedexp.data.files import check_labels, data_error, read_cifar_batch, read_idx
 from fedexp.data.layouts import Layout, missing_error, read_archive
 from fedexp.data.pixels import to_unit
@@ -210,8 +211,6 @@ def _download(what: str, root: Path, fetch: Callable[[], object], layout: str) -
 def _augmenter(augment: bool, mean, std):
     if not augment:
         return None
-    from fedexp.data.augment import CropFlip
-
     return CropFlip(fill=tuple(-m / s for m, s in zip(mean, std)))  # pad with black pixels
 
 

@@ -7,15 +7,12 @@ import hashlib
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fedexp.data import cache_files
+from fedexp.data.partition import Partition
 from fedexp.data.split import Split
-
-if TYPE_CHECKING:
-    from fedexp.data.partition import Partition
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +84,4 @@ def _unpack(z: dict[str, np.ndarray], num_clients: int, n: int) -> Partition:
     val = unpack(z["val"], z["val_off"]) if "val" in z else None
     if groups is not None and len(groups) != num_clients:
         raise ValueError(f"{len(groups)} client groups for {num_clients} clients")
-    from fedexp.data.partition import Partition
-
     return Partition(train, test, groups, val)

@@ -28,6 +28,7 @@ import numpy as np
 
 from fedexp.core.callbacks import RoundReport, RunInfo
 from fedexp.core.summary import RunSummary
+from fedexp.core.types import ConfigError
 from fedexp.loggers.base import Logger
 from fedexp.loggers.wandb_labels import labels_from_run_dir
 
@@ -80,8 +81,6 @@ class WandbLogger(Logger):
         log_checkpoint: bool,
     ):
         if init_timeout <= 0:
-            from fedexp.core.types import ConfigError
-
             raise ConfigError(f"logger.wandb.init_timeout: must be > 0, got {init_timeout}")
         self.init_timeout = float(init_timeout)
         self.run_dir = Path(run_dir)

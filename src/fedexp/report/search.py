@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedexp.report.plots import _pyplot, _save
+
 
 @dataclass
 class Search:
@@ -65,8 +67,6 @@ def _short(value) -> str:
 def plot_search(runs, path: Path, flatten) -> list[str]:
     """Objective vs each parameter, one panel each, the best trial a red star; returns the
     report's lines (the best trial) or [] when the runs are not a search."""
-    from fedexp.report.plots import _pyplot, _save
-
     search = find_search(runs)
     if search is None:
         return []

@@ -219,6 +219,7 @@ def completed_with(study: optuna.Study, params: dict) -> optuna.trial.FrozenTria
 def refuse_without_objective(config: DictConfig, searched: list[str], sweep_dir: Path) -> None:
     """Before any trial: a search without an objective on validation data is refused in one line
     (exit 2), and the sweep dir it claimed is left as it was (`check_search_objective`)."""
+    # start-up: Hydra imports every plugin at every start; fedexp's modules load when a search runs
     from fedexp.config.validation import check_search_objective
     from fedexp.errors import ConfigError
     from fedexp.runtime import run_dir as run_dir
