@@ -26,7 +26,7 @@ from torch.utils._pytree import tree_map
 
 from fedexp.config.build import find_conf
 from fedexp.config.saved import read_yaml
-from fedexp.core.algorithm import Algorithm, PersonalBatch
+from fedexp.core.algorithm import PersonalBatch
 from fedexp.engine.eval.evaluate import evaluate
 from fedexp.errors import ConfigError
 from fedexp.loggers.files import write_json_atomic
@@ -74,7 +74,7 @@ class SavedModels:
                     raise ConfigError(f"{path}: cannot read it ({type(err).__name__})") from None
         # the personal batch as the algorithm forms it: with its own `personal_models` hook
         # the tensors common to every client are shared (FedRep's body), the rest stacked
-        self.own_batches = type(algorithm).personal_models is not Algorithm.personal_models
+        self.own_batches = algorithm.batches_personal_models
         self._common: set[str] | None = None  # the tensors every client's model has equal
 
     def _load(self, model: torch.nn.Module, record: dict) -> torch.nn.Module:

@@ -24,7 +24,7 @@ from fedexp.config.validation import (
     validate_config,
     validate_data,
 )
-from fedexp.core.algorithm import Algorithm, BuildContext
+from fedexp.core.algorithm import BuildContext
 from fedexp.core.callbacks import Callback, RunInfo, run_end, run_start
 from fedexp.core.client import OPTIMIZERS
 from fedexp.core.client_store import ClientStore
@@ -107,10 +107,7 @@ def resolve_objective(name: str, algorithm, has_val: bool) -> str:
     """The metric a run returns to a sweeper; `auto`: the validation metric that fits the
     algorithm (personal mean accuracy where clients have their own models, else the global
     model's accuracy), and `none` (no objective) without validation data: never a test metric."""
-    personal = type(algorithm).personal_model is not Algorithm.personal_model
-    has_global = getattr(algorithm, "has_global_model", True) and (
-        type(algorithm).global_model is not Algorithm.global_model
-    )
+    personal, has_global = algorithm.has_personal_models, algorithm.has_global_model
     if name == "auto":
         base = "personal/acc_mean" if personal else "global/acc"
         return f"eval/val/{base}" if has_val else NO_OBJECTIVE

@@ -46,6 +46,8 @@ class IdleModule(ClientModule):
 class Centralised(Algorithm):
     """One model trained by the server on the round's sampled clients' data, pooled."""
 
+    has_global_model = True
+
     upload_type = Nothing
     clients_train = False  # an attack on clients is refused before training
 

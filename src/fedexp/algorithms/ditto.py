@@ -44,6 +44,8 @@ class DittoModule(ClientModule):
     """The global copy (`model`, FedAvg's local objective) and the personal model (`personal`,
     the task loss plus (lam/2) ||v - w^t||^2), trained one after the other."""
 
+    per_client_state = ("anchor",)  # set by client_begin
+
     def __init__(
         self,
         model: nn.Module,
@@ -80,6 +82,8 @@ class DittoModule(ClientModule):
 
 class Ditto(FedAvg):
     """FedAvg's global model plus a personal model per client (client store)."""
+
+    has_personal_models = True
 
     def __init__(
         self, ctx: BuildContext, lam: float, personal_epochs: int | Literal["auto"], **kwargs

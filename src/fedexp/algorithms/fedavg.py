@@ -33,6 +33,9 @@ from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext, 
 class FedAvg(Algorithm):
     """Federated averaging over the `shared` parameters (all of them here)."""
 
+    has_global_model = True
+    can_be_eavesdropped = True
+
     upload_type = Weights
 
     def __init__(

@@ -36,10 +36,14 @@ def bn_layers(model: nn.Module) -> list[nn.Module]:
 class FedBN(FedAvg):
     """FedAvg over every parameter outside BatchNorm layers; BN layers are the client's."""
 
+    has_personal_models = True
+
     def __init__(self, ctx: BuildContext, **fedavg_kwargs):
         super().__init__(ctx, **fedavg_kwargs)
         # without BN layers the averaged model is the whole model: FedAvg's global model
         self.has_global_model = not bn_layers(self.eval_model)
+        # each client's BatchNorm running statistics cannot be carried through vmap
+        self.vectorizable = self.has_global_model
 
     # ---- what travels and what stays -----------------------------------------------------------
     def shared(self, model: nn.Module) -> list[nn.Parameter]:

@@ -116,6 +116,8 @@ def fedhenn(
 class FedHeNNHomogeneous(FedAvg):
     """FedAvg's global model; clients add the alignment term to the previous global model."""
 
+    has_personal_models = True
+
     def __init__(self, ctx: BuildContext, opts: AlignmentOptions, **fedavg_kwargs):
         self.opts = opts
         super().__init__(ctx, **fedavg_kwargs)

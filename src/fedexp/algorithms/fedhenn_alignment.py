@@ -256,6 +256,8 @@ def global_target(reps: torch.Tensor, opts: AlignmentOptions) -> torch.Tensor:
 class AlignModule(ClientModule):
     """Task loss + eta * d(K(Phi(X)), target). With eta = 0 or no RAD it is the plain task loss."""
 
+    per_client_state = ("eta", "rad", "target")  # set by client_begin
+
     def __init__(
         self, model: nn.Module, client: ClientConfig, opts: AlignmentOptions, target_is_kernel
     ):

@@ -46,6 +46,9 @@ class FedHeNNHeterogeneous(Algorithm):
     """Personal models of different architectures; weights (or representations) travel up,
     the RAD and the aggregated kernel down."""
 
+    has_personal_models = True
+    can_be_eavesdropped = True
+
     def __init__(self, ctx: BuildContext, opts: AlignmentOptions, num_archs: int):
         super().__init__(ctx)
         self.opts = opts

@@ -56,6 +56,8 @@ class Prototypes(Message):
 class ProtoModule(ClientModule):
     """CE of the model plus ld times the distance of f(x) to its class's global prototype."""
 
+    per_client_state = ("protos", "proto_mask")  # set by client_begin
+
     uses_task_loss = False  # the objective needs the body's output
 
     def __init__(self, model: nn.Module, client: ClientConfig, ld: float, distance: str):
@@ -97,8 +99,9 @@ def class_prototypes(
 class FedProto(Algorithm):
     """Personal models (one architecture or a family); the server averages class prototypes."""
 
+    has_personal_models = True
+
     upload_type = Prototypes
-    has_global_model = False
 
     def __init__(self, ctx: BuildContext, ld: float, distance: str, proto_weighting: str):
         super().__init__(ctx)

@@ -15,6 +15,8 @@ from fedexp.core.types import ConfigError, Message
 class ProxModule(ClientModule):
     """Task loss plus the proximal term towards the round's global weights."""
 
+    per_client_state = ("anchor",)  # set by client_begin
+
     def __init__(self, model: nn.Module, client: ClientConfig, mu: float):
         super().__init__(model, client)
         self.mu = mu

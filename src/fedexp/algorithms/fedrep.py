@@ -79,6 +79,8 @@ def phase_epochs(head_epochs: int | str, body_epochs: int, local_epochs: int) ->
 
 class FedRep(FedAvg):
     has_global_model = False  # the global body has no head: personal metrics only
+    has_personal_models = True
+    batches_personal_models = True
 
     def __init__(
         self,

@@ -38,6 +38,9 @@ from fedexp.models.supermask import (
 class FRL(Algorithm):
     """Federated rank learning over a supermask twin of the configured model."""
 
+    has_global_model = True
+    can_be_eavesdropped = True
+
     upload_type = Ranking
 
     def __init__(

@@ -26,8 +26,9 @@ from fedexp.core.types import ClientResult, Message, Nothing, RoundContext, Serv
 class Local(Algorithm):
     """Each client alone; the server only keeps the initial model for never-sampled clients."""
 
+    has_personal_models = True
+
     upload_type = Nothing
-    has_global_model = False
 
     def __init__(self, ctx: BuildContext):
         super().__init__(ctx)

@@ -78,6 +78,8 @@ class ScaffoldUpload(VectorMessage):
 class ScaffoldModule(ClientModule):
     """Task loss plus <y, c - c_i>: its gradient adds the correction c - c_i to every step's."""
 
+    per_client_state = ("correction",)  # set by client_begin
+
     def __init__(self, model: nn.Module, client: ClientConfig):
         super().__init__(model, client)
         self.correction: list[torch.Tensor] = []  # c - c_i, one tensor per parameter

@@ -72,6 +72,8 @@ class DictionaryPayload(VectorMessage):
 class WaffleModule(ClientModule):
     """Negative ELBO of one client: data term over MC samples of (v, b) plus the scaled KL."""
 
+    per_client_state = ("temperature", "num_train")  # set by client_begin
+
     uses_task_loss = False  # the data term runs the factorized model under sampled masks
 
     def __init__(
@@ -124,6 +126,8 @@ class WaffleModule(ClientModule):
 
 class WAFFLe(FedAvg):
     """Shared factor dictionary, per-client IBP factor selection kept on the client."""
+
+    has_personal_models = True
 
     def __init__(
         self,

@@ -47,7 +47,6 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from fedexp.core.algorithm import Algorithm
 from fedexp.core.client_loop import run_client
 from fedexp.core.seeding import client_generator, derive_seed
 from fedexp.core.types import ConfigError, Message, RoundContext
@@ -180,7 +179,7 @@ class MembershipInferenceAudit:
         if not self.due(round_idx, orchestrator.rounds):
             return {}
         algorithm = orchestrator.algorithm
-        if type(algorithm).eavesdropped_model is Algorithm.eavesdropped_model:
+        if not algorithm.can_be_eavesdropped:
             log.warning(
                 "privacy=mia: %s says nothing about what an eavesdropper rebuilds; no audit",
                 type(algorithm).__name__,

@@ -67,6 +67,14 @@ class Algorithm:
 
     upload_type: type[Message] | None = None
 
+    # ---- capabilities, declared: the wiring, the evaluation and the audits read these --------
+    # (an instance may set one from its model: FedBN has no global model with BatchNorm layers)
+    has_global_model = False  # `global_model` returns the model every client shares
+    has_personal_models = False  # `personal_model` returns each client's own model
+    batches_personal_models = False  # `personal_models` hands over a stacked batch itself
+    can_be_eavesdropped = False  # `eavesdropped_model` rebuilds a model from an upload
+    vectorizable = True  # executor=vectorized may train its client modules (they are checked)
+
     def __init__(self, ctx: BuildContext):
         self.ctx = ctx
         self.device = ctx.device

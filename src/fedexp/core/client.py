@@ -118,6 +118,11 @@ class ClientModule(nn.Module):
     # take a LightningModule model's own training_step
     uses_task_loss = True
     is_client_module = True  # wraps the model; never itself a researcher's objective
+    # the attributes `client_begin` sets per client and `training_step` reads (an anchor, a
+    # control variate, a temperature): tensors, lists/dicts of tensors, or numbers. The
+    # vectorized executor stacks them over the cohort (`fedexp.core.client_loop` states the
+    # rules); every other attribute is the same for every client of a round
+    per_client_state: tuple[str, ...] = ()
 
     def __new__(cls, *args, **kwargs):
         return super().__new__(lightning_class(cls) if lightning_in_play() else cls)

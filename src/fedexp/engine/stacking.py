@@ -9,25 +9,22 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_map
 
 from fedexp.core.types import ConfigError
 
-_SKIP_ATTRS = {"training", "generator"}
-
 
 def client_attrs(module: nn.Module) -> dict[str, Any]:
-    """The module's own plain attributes that may carry per-client inputs to `training_step`."""
-
-    def carries(value: Any) -> bool:
-        leaves, _ = tree_flatten(value)
-        return bool(leaves) and all(isinstance(v, (torch.Tensor, Number)) for v in leaves)
-
-    return {
-        k: v
-        for k, v in vars(module).items()
-        if not k.startswith("_") and k not in _SKIP_ATTRS and carries(v)
-    }
+    """The per-client inputs to `training_step` the module's class declares
+    (`ClientModule.per_client_state`), as `client_begin` set them for this client."""
+    names = getattr(type(module), "per_client_state", ())
+    missing = [name for name in names if not hasattr(module, name)]
+    if missing:
+        raise ConfigError(
+            f"executor: {type(module).__name__} declares per-client state {missing} that its "
+            "algorithm's client_begin does not set"
+        )
+    return {name: getattr(module, name) for name in names}
 
 
 def architecture(module: nn.Module) -> tuple:

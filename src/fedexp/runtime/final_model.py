@@ -30,7 +30,6 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from fedexp.core.algorithm import Algorithm
 from fedexp.core.client_store import holds_tensor, state_bytes, tensor_attrs
 from fedexp.runtime.checkpoint import check_saveable, config_hash, save_atomic
 
@@ -113,7 +112,7 @@ def loads_into_factory_model(factory: Any, record: dict) -> bool:
 def _write_personal(run_dir: Path, algorithm, state, num_clients: int, budget: int | None):
     """Every client's personal model under `run_dir/personal_models/` (replacing an older
     one); returns the files' names, or None where the algorithm has no personal models."""
-    if type(algorithm).personal_model is Algorithm.personal_model:
+    if not algorithm.has_personal_models:
         return None
     final, tmp = run_dir / PERSONAL_DIR, run_dir / f"{PERSONAL_DIR}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)

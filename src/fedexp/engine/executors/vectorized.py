@@ -12,9 +12,11 @@ SGD/Adam (`functional_optim`) keeps one optimizer state per client. What a modul
   gradient is that of its unpadded batch. Terms that do not depend on the batch (FedProx's
   proximal term, an alignment term on a shared dataset, a KL) need nothing.
 - Per-client inputs that `client_begin` sets as module attributes (tensors, lists/dicts of
-  tensors, numbers) are stacked across clients and set back, one slice per client, inside vmap;
-  attributes every client shares (the same object, or an equal number) stay as they are.
-  `client_begin` must assign new tensors rather than write into ones it gave another client.
+  tensors, numbers) are named in the module class's `per_client_state`; they are stacked across
+  clients and set back, one slice per client, inside vmap, except where every client has the
+  same (the same object, or an equal number). `client_begin` must assign new tensors rather than
+  write into ones it gave another client. Undeclared attributes are the module's own, the same
+  for every client (`fedexp.core.client_loop` states the rules).
 - Randomness inside `training_step` comes from torch's global RNG (`self.generator` is None
   there); vmap draws it independently per client (`randomness="different"`), seeded from
   (seed, round, first client). Shuffling still uses each client's own generator, so a
@@ -112,13 +114,19 @@ class VectorizedExecutor:
         self.chunk_size = chunk_size
 
     def check_algorithm(self, algorithm: Algorithm, num_clients: int) -> None:
-        """Raise ConfigError before any training when a client module cannot be vmapped."""
+        """Raise ConfigError before any training when a client module cannot be vmapped, or the
+        algorithm says it cannot be vectorized (`Algorithm.vectorizable`)."""
         seen: set[int] = set()
         for cid in range(num_clients):
             module = algorithm.client_module(cid)
             if id(module) not in seen:
                 seen.add(id(module))
                 _check_vmappable(module)
+        if not algorithm.vectorizable:
+            raise ConfigError(
+                f"executor: {type(algorithm).__name__} cannot be vectorized with this model; use "
+                "executor=sequential"
+            )
 
     def run(
         self, algorithm: Algorithm, payloads: Mapping[int, Message], ctx: RoundContext, data

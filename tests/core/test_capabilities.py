@@ -1,0 +1,103 @@
+"""What an algorithm can do is declared as attributes (`Algorithm.has_global_model`, ...), and
+every declaration matches the hooks the algorithm implements; the wiring reads the attributes."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+
+import pytest
+
+import fedexp.algorithms
+from fedexp.core.algorithm import Algorithm
+from fedexp.core.client import ClientModule
+from fedexp.run import resolve_objective
+
+
+def algorithm_classes() -> list[type]:
+    found = {}
+    for info in pkgutil.iter_modules(fedexp.algorithms.__path__):
+        module = importlib.import_module(f"fedexp.algorithms.{info.name}")
+        for obj in vars(module).values():
+            if inspect.isclass(obj) and issubclass(obj, Algorithm) and obj is not Algorithm:
+                found[obj.__qualname__] = obj
+    return [found[name] for name in sorted(found)]
+
+
+CLASSES = algorithm_classes()
+
+
+def overrides(cls: type, hook: str) -> bool:
+    return getattr(cls, hook) is not getattr(Algorithm, hook)
+
+
+def test_every_algorithm_of_the_package_is_checked():
+    assert len(CLASSES) >= 18
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+def test_declared_capabilities_match_the_hooks(cls):
+    assert cls.has_personal_models == overrides(cls, "personal_model")
+    assert cls.can_be_eavesdropped == overrides(cls, "eavesdropped_model")
+    assert cls.batches_personal_models == overrides(cls, "personal_models")
+    if cls.has_global_model:  # an algorithm may have the hook and no global model (FedRep)
+        assert overrides(cls, "global_model")
+
+
+def test_the_base_class_declares_nothing_but_vectorization():
+    assert not (Algorithm.has_global_model or Algorithm.has_personal_models)
+    assert not (Algorithm.batches_personal_models or Algorithm.can_be_eavesdropped)
+    assert Algorithm.vectorizable
+
+
+class _Declared:
+    """A stand-in algorithm: only its declarations, no hooks."""
+
+    def __init__(self, personal: bool, global_: bool):
+        self.has_personal_models, self.has_global_model = personal, global_
+
+
+@pytest.mark.parametrize(
+    ("personal", "global_", "has_val", "expected"),
+    [
+        (True, True, True, "eval/val/personal/acc_mean"),
+        (False, True, True, "eval/val/global/acc"),
+        (True, False, False, "none"),
+    ],
+)
+def test_the_objective_follows_the_declarations(personal, global_, has_val, expected):
+    assert resolve_objective("auto", _Declared(personal, global_), has_val) == expected
+
+
+def test_client_modules_declare_the_state_they_carry_per_client():
+    # the vectorized executor stacks exactly these; the base module carries none
+    assert ClientModule.per_client_state == ()
+    declared = {
+        c.__name__: c.per_client_state
+        for cls in CLASSES
+        for c in vars(importlib.import_module(cls.__module__)).values()
+        if inspect.isclass(c) and issubclass(c, ClientModule) and c.per_client_state
+    }
+    assert declared["ProxModule"] == ("anchor",)
+    assert declared["ScaffoldModule"] == ("correction",)
+    assert set(declared) >= {"DittoModule", "ProtoModule", "WaffleModule", "AlignModule"}
+
+
+def test_declared_state_that_client_begin_did_not_set_is_refused():
+    import torch
+    from torch import nn
+
+    from fedexp.core.types import ConfigError
+    from fedexp.engine.stacking import client_attrs
+    from handworld import client_cfg
+
+    class Anchored(ClientModule):
+        per_client_state = ("anchor",)
+
+    module = Anchored(nn.Linear(2, 2), client_cfg())
+    with pytest.raises(ConfigError, match=r"declares per-client state \['anchor'\]"):
+        client_attrs(module)
+    module.anchor = torch.ones(2)
+    module.other = torch.zeros(2)  # not declared: not carried
+    assert list(client_attrs(module)) == ["anchor"]
