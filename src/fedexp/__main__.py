@@ -171,16 +171,10 @@ def _execute(
         check_scalars(cfg)  # before torch is imported: a bad value is refused in a moment
         spills += [d for d in [own_spill_dir(cfg, run_dir)] if d is not None]
         from fedexp.run import Experiment
+        from fedexp.run.callbacks import build_callbacks, config_loggers
 
         experiment = Experiment(cfg, run_dir, resume=resume)
-        loggers = [
-            instantiate_logger(node, run_dir, f"logger.{key}")
-            for key, node in (cfg.logger or {}).items()
-        ]
-        if multirun:  # a trial of an Optuna study (hydra/sweeper=optuna_study) reports each round
-            from fedexp.runtime.pruning import trial_pruner
-
-            loggers += [p for p in [trial_pruner(experiment.objective)] if p is not None]
+        loggers = config_loggers(cfg, run_dir, experiment.objective, multirun)
     except (ConfigError, OSError) as err:  # OSError: a file the build reads or writes
         from fedexp.runtime.run_dir import os_error_line
 
@@ -199,19 +193,17 @@ def _execute(
             _resume_log(keep=False)  # a refused resume leaves the run dir as it was
         sys.exit(EXIT_CONFIG)
     _resume_log(keep=True)
-    from fedexp.loggers.progress import ProgressBar, progress_callbacks
     from fedexp.runtime.ranks import is_output_rank
     from fedexp.runtime.run_dir import one_line, os_error_line, resume_hint
     from fedexp.runtime.signals import StoppedAtOnce
 
     output_rank = is_output_rank()  # under torchrun only rank 0 logs and prints
-    every_s = OmegaConf.select(cfg, "progress_every_s", default=None)  # absent: an older run dir
-    progress = progress_callbacks(cfg.rounds, experiment.objective, bool(cfg.progress), every_s)
-    loggers = [*loggers, *progress] if output_rank else []
-    bar = progress[0] if output_rank and isinstance(progress[0], ProgressBar) else None
+    callbacks = build_callbacks(
+        experiment.components, loggers, progress=True, output_rank=output_rank
+    )
     try:
-        with bar or contextlib.nullcontext():
-            summary = experiment.run(loggers, choices=choices, group=group)
+        with callbacks.bar or contextlib.nullcontext():
+            summary = experiment.run(callbacks, choices=choices, group=group)
     except StoppedAtOnce as err:  # a second SIGINT/SIGTERM during the graceful stop
         print(f"fedexp: {err}; {resume_hint(run_dir)}", file=sys.stderr)
         sys.exit(128 + err.signum)
@@ -377,12 +369,6 @@ def _resume_requested(args: list[str]) -> bool:
         a.lstrip("+").startswith("resume=") and a.partition("=")[2] not in ("", "null")
         for a in args
     )
-
-
-def instantiate_logger(node, run_dir: Path, name: str = "logger"):
-    from fedexp.config.build import build
-
-    return build(node, name, run_dir=run_dir)
 
 
 def main() -> None:

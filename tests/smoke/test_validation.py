@@ -268,12 +268,12 @@ def test_an_attack_says_when_its_fraction_rounds_and_logs_the_realised_one(
 def test_a_key_the_target_does_not_take_is_refused_before_any_data_is_read(
     tmp_path, monkeypatch, capsys, overrides, expected
 ):
-    import fedexp.run
+    import fedexp.run.components
 
     def read(*args, **kwargs):
         raise AssertionError("the data were read")
 
-    monkeypatch.setattr(fedexp.run, "build_data", read)
+    monkeypatch.setattr(fedexp.run.components, "build_data", read)
     code, err = cli_in_process(tmp_path, monkeypatch, capsys, *overrides)
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1 and lines[0].startswith("fedexp: error: "), err

@@ -197,7 +197,7 @@ def test_lstm_family_and_last_token_readout():
 
 
 def test_server_pool_rows_are_encoded_but_never_fit(tmp_path):
-    from fedexp.run import reserve_server_pool
+    from fedexp.data.server_pool import reserve_server_pool
 
     write_sentiment140_csv(tmp_path / "train.csv", [4, 4, 4])
     ds = reserve_server_pool(load_sent140(str(tmp_path)), 3, seed=0)

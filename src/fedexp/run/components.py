@@ -1,11 +1,8 @@
-"""Build every component from the config, validate before any training, run, and summarise."""
+"""Build every component from the config and validate it before any training."""
 
 from __future__ import annotations
 
 import logging
-import signal
-import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -13,7 +10,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
 from fedexp.config.build import build, default_family
@@ -25,25 +21,18 @@ from fedexp.config.validation import (
     validate_data,
 )
 from fedexp.core.algorithm import BuildContext
-from fedexp.core.callbacks import Callback, RunInfo, run_end, run_start
+from fedexp.core.callbacks import Callback
 from fedexp.core.client import OPTIMIZERS
 from fedexp.core.client_store import ClientStore
 from fedexp.core.local import ClientConfig
-from fedexp.core.summary import Objective, RunSummary, Timing
-from fedexp.core.types import ConfigError, Diverged
+from fedexp.core.types import ConfigError
 from fedexp.core.user_module import factory_arguments
 from fedexp.data import subset
 from fedexp.data.federated import FederatedData
-from fedexp.data.partition_report import start_partition_stats
 from fedexp.data.schemes import check_client_count
 from fedexp.data.server_pool import reserve_server_pool
 from fedexp.engine.aggregation import check_aggregator
 from fedexp.engine.orchestrator import Orchestrator
-from fedexp.loggers.base import logs_artifacts
-from fedexp.loggers.files import RunRecorder
-from fedexp.loggers.progress import run_label
-from fedexp.loggers.wandb_labels import swept_values
-from fedexp.runtime.audit_callback import AuditCallback
 from fedexp.runtime.checkpoint import (
     CHECKPOINT_FILE,
     check_resumed_data,
@@ -51,10 +40,7 @@ from fedexp.runtime.checkpoint import (
     config_hash,
     load_checkpoint,
 )
-from fedexp.runtime.final_model import save_final_models
-from fedexp.runtime.pruning import Pruned
 from fedexp.runtime.resume import Checkpointer
-from fedexp.runtime.signals import Interrupted
 from fedexp.runtime.threads import apply_threads
 
 log = logging.getLogger(__name__)
@@ -213,8 +199,9 @@ def partition_coverage(dataset, partition) -> dict[str, Any]:
 class Components:
     """Everything one run needs, built and checked before the first round (`build_components`).
 
-    `callbacks` are the run callbacks that belong to the experiment (the audits' adapters, and
-    any added); their state goes into checkpoints with the attack's and the executor's.
+    `callbacks` are run callbacks a script adds to the experiment; with the audits they are
+    the run's own callbacks (`fedexp.run.callbacks`), and their state goes into checkpoints with
+    the attack's and the executor's.
     """
 
     cfg: DictConfig
@@ -289,7 +276,6 @@ def build_components(cfg: DictConfig, run_dir: str | Path, resume: bool = False)
     c = Components(
         cfg, run_dir, device, threads, client, data, store, algorithm, objective, attack, executor,
         audits=audits,
-        callbacks=[AuditCallback(audit, algorithm) for audit in audits],
         checkpoint=checkpoint,
     )  # fmt: skip
     if checkpoint is not None:  # the whole restore, tried before any file of the run is touched
@@ -301,7 +287,9 @@ def build_components(cfg: DictConfig, run_dir: str | Path, resume: bool = False)
 def saved_components(c: Components) -> dict[str, Any]:
     """The components whose `state_dict` a checkpoint holds, by their key in it."""
     components = {"attack": c.attack, "executor": c.executor}
-    components.update({f"callback{i}": cb for i, cb in enumerate(c.callbacks)})
+    # an audit's state is its adapter's (`AuditCallback`), under the adapter's key
+    own = [*c.audits, *c.callbacks]
+    components.update({f"callback{i}": obj for i, obj in enumerate(own)})
     return components
 
 
@@ -320,115 +308,3 @@ def make_orchestrator(c: Components, algorithm=None, callbacks=()) -> Orchestrat
         callbacks=callbacks,
         personal_clients=OmegaConf.select(cfg, "eval.personal_clients", default=None),
     )
-
-
-def run(
-    c: Components,
-    loggers: Sequence[Callback] = (),
-    *,
-    choices: dict | None = None,
-    group: str | None = None,
-) -> RunSummary:
-    """Run the components to the end (or to a divergence or a stop signal) and summarise.
-
-    Callbacks, in order: the components' own (audits), `metrics.jsonl` + `summary.json`,
-    `loggers` (W&B, CSV, the progress bar; their `state_dict`, e.g. the W&B run id, is saved in
-    checkpoints), and the checkpointer last.
-    """
-    cfg, choices = c.cfg, choices or {}
-    watchers = [RunRecorder(c.run_dir), *loggers]
-    components = saved_components(c)
-    every = int(cfg.get("checkpoint_every", 0) or 0)
-    checkpointer = Checkpointer(c.run_dir, every, cfg, c.store, c.data, components, watchers)
-    orch = make_orchestrator(c, callbacks=[*c.callbacks, *watchers, checkpointer])
-    checkpointer.restore_loggers(c.checkpoint)  # on resume: W&B continues the same run id
-    scheme = get_object(cfg.partition._target_).name
-    title = f"{c.data.dataset.name}: {scheme} partition, label shares"
-    stats = start_partition_stats(c.data, c.run_dir, title)  # the PNG drawn while rounds run
-    info = RunInfo(
-        run_dir=c.run_dir,
-        config=OmegaConf.to_container(cfg, resolve=True),
-        run_name=run_label(choices, cfg.seed, swept_values(c.run_dir)),
-        group=group,
-        rounds=cfg.rounds,
-        # rounds logged after the checkpoint are run (and logged) again
-        resumed_from_round=int(c.checkpoint["round"]) if c.checkpoint is not None else None,
-        artifacts=stats.wait() if logs_artifacts(orch.callbacks) else stats.artifacts,
-        objective=c.objective,
-        choices=choices,
-        checkpoint_file=CHECKPOINT_FILE,
-    )
-    run_start(orch.callbacks, info)
-    state, start_round = None, 1
-    if c.checkpoint is not None:
-        state, start_round = checkpointer.restore(c.checkpoint, orch, c.algorithm)
-        log.info("resuming after round %d", start_round - 1)
-    start = time.perf_counter()
-    status, diverged_round, stop_signal = "completed", None, None
-    with checkpointer.signals.installed():
-        try:
-            orch.run(state, start_round)
-        except Diverged as err:  # the last good checkpoint (if any) stays as it is
-            status, diverged_round = "diverged", err.round_idx
-            log.error("%s", err)
-        except Interrupted as err:
-            status, stop_signal = "interrupted", signal.Signals(err.signum).name
-            log.warning("%s; resume with: python -m fedexp resume=%s", err, c.run_dir)
-        except Pruned as err:  # an Optuna pruner stopped this trial (hydra/sweeper=optuna_study)
-            status = "pruned"
-            log.info("%s", err)
-    wall = time.perf_counter() - start
-    if orch.state is not None:  # model.pt, personal_models/ (`fedexp.runtime.final_model`)
-        save_final_models(
-            c.run_dir, c.algorithm, orch.state, orch.round, cfg, c.store, c.data.num_clients
-        )
-    stats.wait()  # the partition's PNG is written before the run ends
-    final = {k: v for k, v in orch.last_eval.items() if not k.startswith("time/")}
-    final.update(c.data.coverage)
-    final["runtime/threads"] = c.threads
-    summary = RunSummary(
-        status=status,
-        rounds_completed=orch.round if status != "diverged" else (diverged_round or 1) - 1,
-        diverged_round=diverged_round,
-        stop_signal=stop_signal,
-        checkpoint_round=checkpointer.saved_round,
-        resumed_from_round=start_round - 1 if c.checkpoint is not None else None,
-        metrics=final,
-        # the metric returned to a sweeper, with the test metrics of the same round
-        objective=Objective(c.objective, final.get(c.objective)),
-        client_acc=orch.client_accs,
-        describe={**c.algorithm.describe(), **c.attack.describe()},
-        timing=Timing(wall, orch.train_seconds / max(orch.round, 1)),
-        choices=choices,
-        config=info.config,
-    )
-    run_end(orch.callbacks, summary)
-    return summary
-
-
-class Experiment:
-    """The built components of one run (`build_components`) with the calls scripts and tests
-    use; every component is an attribute (`exp.algorithm`, `exp.data`, `exp.callbacks`, ...)."""
-
-    def __init__(self, cfg: DictConfig, run_dir: str | Path, resume: bool = False):
-        self.components = build_components(cfg, run_dir, resume)
-
-    def __getattr__(self, name: str):
-        components = self.__dict__.get("components")
-        if components is None or not hasattr(components, name):
-            raise AttributeError(name)
-        return getattr(components, name)
-
-    def orchestrator(self, algorithm=None, callbacks: Sequence[Callback] = ()) -> Orchestrator:
-        """The round loop over this experiment's components, watched by `callbacks` only."""
-        return make_orchestrator(self.components, algorithm, callbacks)
-
-    def run(
-        self,
-        loggers: Sequence[Callback] = (),
-        *,
-        choices: dict | None = None,
-        group: str | None = None,
-    ) -> RunSummary:
-        """`run(components, loggers, ...)`: the whole run, with its checkpoints and summary."""
-        return run(self.components, loggers, choices=choices, group=group)

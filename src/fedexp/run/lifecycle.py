@@ -1,0 +1,142 @@
+"""Run the built components to the end, a divergence or a stop signal, and summarise."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from hydra.utils import get_object
+from omegaconf import DictConfig, OmegaConf
+
+from fedexp.core.callbacks import Callback, RunInfo, run_end, run_start
+from fedexp.core.summary import Objective, RunSummary, Timing
+from fedexp.core.types import Diverged
+from fedexp.data.partition_report import start_partition_stats
+from fedexp.engine.orchestrator import Orchestrator
+from fedexp.loggers.base import logs_artifacts
+from fedexp.loggers.progress import run_label
+from fedexp.loggers.wandb_labels import swept_values
+from fedexp.run.callbacks import RunCallbacks, build_callbacks
+from fedexp.run.components import Components, build_components, make_orchestrator
+from fedexp.runtime.checkpoint import (
+    CHECKPOINT_FILE,
+)
+from fedexp.runtime.final_model import save_final_models
+from fedexp.runtime.pruning import Pruned
+from fedexp.runtime.signals import Interrupted
+
+log = logging.getLogger(__name__)
+
+
+def run(
+    c: Components,
+    callbacks: RunCallbacks | Sequence[Callback] = (),
+    *,
+    choices: dict | None = None,
+    group: str | None = None,
+) -> RunSummary:
+    """Run the components to the end (or to a divergence or a stop signal) and summarise.
+
+    `callbacks`: the run's callbacks as `fedexp.run.callbacks.build_callbacks` builds them, or
+    loggers (W&B, CSV, ...; their `state_dict`, e.g. the W&B run id, is saved in checkpoints)
+    that it builds them with.
+    """
+    cfg, choices = c.cfg, choices or {}
+    if not isinstance(callbacks, RunCallbacks):
+        callbacks = build_callbacks(c, callbacks)
+    checkpointer = callbacks.checkpointer
+    orch = make_orchestrator(c, callbacks=callbacks.all)
+    checkpointer.restore_loggers(c.checkpoint)  # on resume: W&B continues the same run id
+    scheme = get_object(cfg.partition._target_).name
+    title = f"{c.data.dataset.name}: {scheme} partition, label shares"
+    stats = start_partition_stats(c.data, c.run_dir, title)  # the PNG drawn while rounds run
+    info = RunInfo(
+        run_dir=c.run_dir,
+        config=OmegaConf.to_container(cfg, resolve=True),
+        run_name=run_label(choices, cfg.seed, swept_values(c.run_dir)),
+        group=group,
+        rounds=cfg.rounds,
+        # rounds logged after the checkpoint are run (and logged) again
+        resumed_from_round=int(c.checkpoint["round"]) if c.checkpoint is not None else None,
+        artifacts=stats.wait() if logs_artifacts(orch.callbacks) else stats.artifacts,
+        objective=c.objective,
+        choices=choices,
+        checkpoint_file=CHECKPOINT_FILE,
+    )
+    run_start(orch.callbacks, info)
+    state, start_round = None, 1
+    if c.checkpoint is not None:
+        state, start_round = checkpointer.restore(c.checkpoint, orch, c.algorithm)
+        log.info("resuming after round %d", start_round - 1)
+    start = time.perf_counter()
+    status, diverged_round, stop_signal = "completed", None, None
+    with checkpointer.signals.installed():
+        try:
+            orch.run(state, start_round)
+        except Diverged as err:  # the last good checkpoint (if any) stays as it is
+            status, diverged_round = "diverged", err.round_idx
+            log.error("%s", err)
+        except Interrupted as err:
+            status, stop_signal = "interrupted", signal.Signals(err.signum).name
+            log.warning("%s; resume with: python -m fedexp resume=%s", err, c.run_dir)
+        except Pruned as err:  # an Optuna pruner stopped this trial (hydra/sweeper=optuna_study)
+            status = "pruned"
+            log.info("%s", err)
+    wall = time.perf_counter() - start
+    if orch.state is not None:  # model.pt, personal_models/ (`fedexp.runtime.final_model`)
+        save_final_models(
+            c.run_dir, c.algorithm, orch.state, orch.round, cfg, c.store, c.data.num_clients
+        )
+    stats.wait()  # the partition's PNG is written before the run ends
+    final = {k: v for k, v in orch.last_eval.items() if not k.startswith("time/")}
+    final.update(c.data.coverage)
+    final["runtime/threads"] = c.threads
+    summary = RunSummary(
+        status=status,
+        rounds_completed=orch.round if status != "diverged" else (diverged_round or 1) - 1,
+        diverged_round=diverged_round,
+        stop_signal=stop_signal,
+        checkpoint_round=checkpointer.saved_round,
+        resumed_from_round=start_round - 1 if c.checkpoint is not None else None,
+        metrics=final,
+        # the metric returned to a sweeper, with the test metrics of the same round
+        objective=Objective(c.objective, final.get(c.objective)),
+        client_acc=orch.client_accs,
+        describe={**c.algorithm.describe(), **c.attack.describe()},
+        timing=Timing(wall, orch.train_seconds / max(orch.round, 1)),
+        choices=choices,
+        config=info.config,
+    )
+    run_end(orch.callbacks, summary)
+    return summary
+
+
+class Experiment:
+    """The built components of one run (`build_components`) with the calls scripts and tests
+    use; every component is an attribute (`exp.algorithm`, `exp.data`, `exp.callbacks`, ...)."""
+
+    def __init__(self, cfg: DictConfig, run_dir: str | Path, resume: bool = False):
+        self.components = build_components(cfg, run_dir, resume)
+
+    def __getattr__(self, name: str):
+        components = self.__dict__.get("components")
+        if components is None or not hasattr(components, name):
+            raise AttributeError(name)
+        return getattr(components, name)
+
+    def orchestrator(self, algorithm=None, callbacks: Sequence[Callback] = ()) -> Orchestrator:
+        """The round loop over this experiment's components, watched by `callbacks` only."""
+        return make_orchestrator(self.components, algorithm, callbacks)
+
+    def run(
+        self,
+        callbacks: RunCallbacks | Sequence[Callback] = (),
+        *,
+        choices: dict | None = None,
+        group: str | None = None,
+    ) -> RunSummary:
+        """`run(components, callbacks, ...)`: the whole run, with its checkpoints and summary."""
+        return run(self.components, callbacks, choices=choices, group=group)
