@@ -119,7 +119,8 @@ def validate_data(cfg: DictConfig, data: Any) -> None:
 # ---- types and ranges (the scalars' own: `fedexp.config.values`) -------------------------------
 def check_types(cfg: DictConfig) -> None:
     """Types and ranges of the run scalars (`SCALARS`), then of every component's options
-    against its target's annotations; raises ConfigError."""
+    against its target's annotations, then the relations between the run's scalars; raises
+    ConfigError."""
     check_config_values(cfg)  # resolves, required keys, the scalars, finite numbers, dirs
     nodes = [(key, obj, OmegaConf.select(cfg, key)) for key, obj in components(cfg)]
     for key, obj, node in nodes:
@@ -129,6 +130,10 @@ def check_types(cfg: DictConfig) -> None:
         for name, value in values.items():
             if name in anns:
                 check_value(f"{key}.{name}", value, anns[name])
+    # the relations between the run's scalars, before any component's own checks
+    the_cohort_fits_the_population(cfg)
+    the_held_out_fractions_leave_training_data(cfg)
+    the_device_exists(cfg)
 
 
 # keys of a component's node that fedexp reads itself, not passed to its target
@@ -154,6 +159,37 @@ def check_keys(key: str, obj: Any, node: DictConfig) -> None:
 
 
 # ---- rules of the run itself --------------------------------------------------------------------
+def the_cohort_fits_the_population(cfg: DictConfig) -> None:
+    if cfg.clients_per_round > cfg.num_clients:
+        raise ConfigError(
+            f"clients_per_round: must be in [1, num_clients={cfg.num_clients}], "
+            f"got {cfg.clients_per_round}"
+        )
+
+
+def the_held_out_fractions_leave_training_data(cfg: DictConfig) -> None:
+    test, val = cfg.partition.test_fraction, cfg.partition.val_fraction
+    if not 0 <= test < 1:
+        raise ConfigError("partition.test_fraction: must be in [0, 1)")
+    if not 0 <= val < 1:
+        raise ConfigError("partition.val_fraction: must be in [0, 1)")
+    if test + val >= 1:
+        raise ConfigError(
+            "partition.val_fraction: test_fraction + val_fraction must be < 1 (clients need "
+            "training data)"
+        )
+
+
+def the_device_exists(cfg: DictConfig) -> None:
+    if cfg.device not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"device: must be auto, cpu or cuda, got {cfg.device!r}")
+    if cfg.device == "cuda":
+        import torch  # start-up: the config's checks run before torch is needed otherwise
+
+        if not torch.cuda.is_available():
+            raise ConfigError("device: cuda requested but no CUDA device is available")
+
+
 @config_rule
 def checkpoint_every_is_a_count(cfg: DictConfig) -> None:
     every = cfg.get("checkpoint_every", 0)

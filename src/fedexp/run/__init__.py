@@ -9,7 +9,6 @@ from fedexp.run.components import (
     resolve_device,
     resolve_objective,
     saved_components,
-    validate,
 )
 from fedexp.run.lifecycle import Experiment, run
 
@@ -23,5 +22,4 @@ __all__ = [
     "resolve_objective",
     "run",
     "saved_components",
-    "validate",
 ]

@@ -22,7 +22,6 @@ from fedexp.config.validation import (
 )
 from fedexp.core.algorithm import BuildContext
 from fedexp.core.callbacks import Callback
-from fedexp.core.client import OPTIMIZERS
 from fedexp.core.client_store import ClientStore
 from fedexp.core.local import ClientConfig
 from fedexp.core.types import ConfigError
@@ -44,49 +43,6 @@ from fedexp.runtime.resume import Checkpointer
 from fedexp.runtime.threads import apply_threads
 
 log = logging.getLogger(__name__)
-
-
-def validate(cfg: DictConfig) -> None:
-    """Checks that need no data: the config as values (`fedexp.config.values`), types and
-    ranges (`check_types`), then the relations between scalars; one line naming the key."""
-    check_types(cfg)
-    checks = [
-        (
-            cfg.clients_per_round <= cfg.num_clients,
-            "clients_per_round",
-            f"must be in [1, num_clients={cfg.num_clients}], got {cfg.clients_per_round}",
-        ),
-        (
-            cfg.client.optimizer in OPTIMIZERS,
-            "client.optimizer",
-            f"must be one of {sorted(OPTIMIZERS)}, got {cfg.client.optimizer!r}",
-        ),
-        (
-            0 <= cfg.partition.test_fraction < 1,
-            "partition.test_fraction",
-            "must be in [0, 1)",
-        ),
-        (
-            0 <= cfg.partition.val_fraction < 1,
-            "partition.val_fraction",
-            "must be in [0, 1)",
-        ),
-        (
-            cfg.partition.test_fraction + cfg.partition.val_fraction < 1,
-            "partition.val_fraction",
-            "test_fraction + val_fraction must be < 1 (clients need training data)",
-        ),
-        (
-            cfg.device in ("auto", "cpu", "cuda"),
-            "device",
-            f"must be auto, cpu or cuda, got {cfg.device!r}",
-        ),
-    ]
-    for ok, key, problem in checks:
-        if not ok:
-            raise ConfigError(f"{key}: {problem}")
-    if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device: cuda requested but no CUDA device is available")
 
 
 def resolve_objective(name: str, algorithm, has_val: bool) -> str:
@@ -223,8 +179,8 @@ class Components:
 def build_components(cfg: DictConfig, run_dir: str | Path, resume: bool = False) -> Components:
     """Validate `cfg` and build every component; with `resume=True` the run dir's checkpoint is
     loaded and checked first (a bad one is a ConfigError before anything is built)."""
-    validate(cfg)
-    validate_config(cfg)  # cross-component checks declared by the components themselves
+    check_types(cfg)  # the config as values, types and ranges, every component's keys
+    validate_config(cfg)  # the run's rules and the checks the components declare
     # the one typed route of `client.*` to the algorithm, its modules, executor and audits
     client = ClientConfig.from_mapping(OmegaConf.to_container(cfg.client, resolve=True))
     run_dir = Path(run_dir)
