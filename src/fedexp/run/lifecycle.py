@@ -72,19 +72,7 @@ def run(
         state, start_round = checkpointer.restore(c.checkpoint, orch, c.algorithm)
         log.info("resuming after round %d", start_round - 1)
     start = time.perf_counter()
-    status, diverged_round, stop_signal = "completed", None, None
-    with checkpointer.signals.installed():
-        try:
-            orch.run(state, start_round)
-        except Diverged as err:  # the last good checkpoint (if any) stays as it is
-            status, diverged_round = "diverged", err.round_idx
-            log.error("%s", err)
-        except Interrupted as err:
-            status, stop_signal = "interrupted", signal.Signals(err.signum).name
-            log.warning("%s; resume with: python -m fedexp resume=%s", err, c.run_dir)
-        except Pruned as err:  # an Optuna pruner stopped this trial (hydra/sweeper=optuna_study)
-            status = "pruned"
-            log.info("%s", err)
+    status, diverged_round, stop_signal = _rounds(orch, state, start_round, checkpointer, c.run_dir)
     wall = time.perf_counter() - start
     if orch.state is not None:  # model.pt, personal_models/ (`fedexp.runtime.final_model`)
         save_final_models(
@@ -112,6 +100,26 @@ def run(
     )
     run_end(orch.callbacks, summary)
     return summary
+
+
+def _rounds(
+    orch, state, start_round: int, checkpointer, run_dir
+) -> tuple[str, int | None, str | None]:
+    """The rounds, under the stop signals: (status, the round that diverged, the stop signal)."""
+    status, diverged_round, stop_signal = "completed", None, None
+    with checkpointer.signals.installed():
+        try:
+            orch.run(state, start_round)
+        except Diverged as err:  # the last good checkpoint (if any) stays as it is
+            status, diverged_round = "diverged", err.round_idx
+            log.error("%s", err)
+        except Interrupted as err:
+            status, stop_signal = "interrupted", signal.Signals(err.signum).name
+            log.warning("%s; resume with: python -m fedexp resume=%s", err, run_dir)
+        except Pruned as err:  # an Optuna pruner stopped this trial (hydra/sweeper=optuna_study)
+            status = "pruned"
+            log.info("%s", err)
+    return status, diverged_round, stop_signal
 
 
 class Experiment:
