@@ -14,7 +14,7 @@ from PIL import Image
 from tests.conftest import REPO, smoke_experiment
 
 from fedexp.data import hub
-from fedexp.data.hub import local_copy
+from fedexp.data.hub_local import local_copy
 from fedexp.errors import ConfigError
 
 DEFAULTS = yaml.safe_load((REPO / "conf" / "dataset" / "hf.yaml").read_text())["dataset"]

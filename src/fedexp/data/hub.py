@@ -29,29 +29,14 @@ import numpy as np
 import torch
 
 from fedexp.data.datasets import Dataset
-from fedexp.data.files import data_error, one_line
-from fedexp.data.hub_local import BUILDERS, local_copy, read_local
+from fedexp.data.files import data_error
+from fedexp.data.hub_local import dataset_root, splits_used
 from fedexp.data.leaf import owner_ids
 from fedexp.data.pixels import check_pixel_range, decode_image, to_unit
 from fedexp.data.text import Sent140Encoder, tokenize
 from fedexp.errors import ConfigError
 
 TOKENIZERS = {"word": tokenize, "char": list}
-
-
-def fetch(path: str, name: str | None, revision: str | None, target: Path) -> None:
-    """Download a Hub dataset with `datasets.load_dataset` and keep it as a save_to_disk copy."""
-    try:
-        import datasets
-
-        loaded = datasets.load_dataset(
-            path, name, revision=revision, cache_dir=str(target.parent / "hf_cache")
-        )
-        loaded.save_to_disk(str(target))
-    except Exception as err:
-        raise ConfigError(
-            f"dataset.path: download of {path} from the Hugging Face Hub failed ({one_line(err)})"
-        ) from None
 
 
 def _column(split: Any, key: str, what: str, split_name: str) -> list:
@@ -163,49 +148,10 @@ def load_hf(
             mapped to [0, 1] (values outside refused).
         seed: the holdout split's seed.
     """
-    if not path or str(path) == "???":
-        raise ConfigError(
-            "dataset.path: required (a Hub name org/name, a local directory or a data file)"
-        )
-    if sum(k is not None for k in (image_key, text_key, feature_keys)) != 1:
-        raise ConfigError(
-            "dataset.image_key: set exactly one of image_key, text_key and feature_keys"
-        )
-    if tokenizer not in TOKENIZERS:
-        raise ConfigError(f"dataset.tokenizer: {tokenizer!r}, expected one of word, char")
-    if text_key is not None and seq_len < 1:
-        raise ConfigError(f"dataset.seq_len: must be >= 1, got {seq_len}")
-    if not 0 <= test_fraction < 1:
-        raise ConfigError(f"dataset.test_fraction: must be in [0, 1), got {test_fraction}")
+    _check_options(path, image_key, text_key, feature_keys, tokenizer, seq_len, test_fraction)
     pixel_range = check_pixel_range(pixel_range)
-    root = Path(str(path)).expanduser()
-    local = root.suffix.lower() in BUILDERS or str(path).startswith(("/", ".", "~"))
-    if local and not root.exists():  # a path, not a Hub name: no Hub copy to look for
-        raise ConfigError(f"dataset.path: no file or directory {root}")
-    if not root.exists():
-        root = local_copy(data_dir, str(path))
-        if not root.is_dir():
-            if not download:
-                raise ConfigError(
-                    f"dataset.data_dir: no copy of {path} at {root} ({path} is no local "
-                    "directory either); "
-                    "set dataset.download=true on a machine with internet, or give "
-                    "dataset.path=<dir> holding a save_to_disk copy or data files, or "
-                    "dataset.path=<file.csv|.json|.parquet>"
-                )
-            fetch(str(path), name, revision, root)
-    splits = read_local(root, train_split)
-    if train_split not in splits:
-        raise ConfigError(
-            f"dataset.train_split: no split {train_split!r} in {root} (found {', '.join(splits)})"
-        )
-    used = [train_split] + ([test_split] if test_split in splits else [])
-    for s in used:
-        if len(splits[s]) == 0:
-            raise ConfigError(
-                f"dataset.{'train' if s == train_split else 'test'}_split: "
-                f"split {s!r} of {root} is empty (0 rows)"
-            )
+    root = dataset_root(str(path), data_dir, download, name, revision)
+    splits, used = splits_used(root, train_split, test_split)
     labels, count = _encode_labels(
         [_column(splits[s], label_key, "label_key", s) for s in used],
         _class_names(splits, label_key, used),
@@ -246,6 +192,24 @@ def load_hf(
         test_fraction,
         seed,
     )
+
+
+def _check_options(path, image_key, text_key, feature_keys, tokenizer, seq_len, test_fraction):
+    """The options `load_hf` can refuse before reading anything."""
+    if not path or str(path) == "???":
+        raise ConfigError(
+            "dataset.path: required (a Hub name org/name, a local directory or a data file)"
+        )
+    if sum(k is not None for k in (image_key, text_key, feature_keys)) != 1:
+        raise ConfigError(
+            "dataset.image_key: set exactly one of image_key, text_key and feature_keys"
+        )
+    if tokenizer not in TOKENIZERS:
+        raise ConfigError(f"dataset.tokenizer: {tokenizer!r}, expected one of word, char")
+    if text_key is not None and seq_len < 1:
+        raise ConfigError(f"dataset.seq_len: must be >= 1, got {seq_len}")
+    if not 0 <= test_fraction < 1:
+        raise ConfigError(f"dataset.test_fraction: must be in [0, 1), got {test_fraction}")
 
 
 def _holdout(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -4,7 +4,8 @@
 
 Files in a directory are grouped into splits by name: `<split>[-*].<ext>` (`train.csv`,
 `test-00000-of-00001.parquet`) or `<split>/*.<ext>`, a `data/` folder between being ignored (the
-Hub's layout). Parquet files are preferred where a directory holds both.
+Hub's layout). Parquet files are preferred where a directory holds both. `dataset_root` finds
+the copy (or fetches a Hub dataset into it with `download=true`), `splits_used` reads its splits.
 """
 
 from __future__ import annotations
@@ -114,3 +115,58 @@ def _parquet(path: Path) -> Any:
         return datasets.Dataset(pq.read_table(path))
     except Exception as err:
         raise data_error(path, f"not a readable parquet file ({one_line(err)})") from None
+
+
+def fetch(path: str, name: str | None, revision: str | None, target: Path) -> None:
+    """Download a Hub dataset with `datasets.load_dataset` and keep it as a save_to_disk copy."""
+    try:
+        import datasets
+
+        loaded = datasets.load_dataset(
+            path, name, revision=revision, cache_dir=str(target.parent / "hf_cache")
+        )
+        loaded.save_to_disk(str(target))
+    except Exception as err:
+        raise ConfigError(
+            f"dataset.path: download of {path} from the Hugging Face Hub failed ({one_line(err)})"
+        ) from None
+
+
+def dataset_root(path: str, data_dir: str, download: bool, name, revision) -> Path:
+    """The local directory or file holding the dataset: `path` itself, or the Hub copy under
+    `data_dir` (fetched with `download`)."""
+    root = Path(path).expanduser()
+    local = root.suffix.lower() in BUILDERS or str(path).startswith(("/", ".", "~"))
+    if local and not root.exists():  # a path, not a Hub name: no Hub copy to look for
+        raise ConfigError(f"dataset.path: no file or directory {root}")
+    if not root.exists():
+        root = local_copy(data_dir, path)
+        if not root.is_dir():
+            if not download:
+                raise ConfigError(
+                    f"dataset.data_dir: no copy of {path} at {root} ({path} is no local "
+                    "directory either); "
+                    "set dataset.download=true on a machine with internet, or give "
+                    "dataset.path=<dir> holding a save_to_disk copy or data files, or "
+                    "dataset.path=<file.csv|.json|.parquet>"
+                )
+            fetch(path, name, revision, root)
+    return root
+
+
+def splits_used(root: Path, train_split: str, test_split: str | None) -> tuple[dict, list[str]]:
+    """The splits read from `root` and the names of those the dataset uses (train, and test
+    where there is one); a missing train split or an empty used one is refused."""
+    splits = read_local(root, train_split)
+    if train_split not in splits:
+        raise ConfigError(
+            f"dataset.train_split: no split {train_split!r} in {root} (found {', '.join(splits)})"
+        )
+    used = [train_split] + ([test_split] if test_split in splits else [])
+    for s in used:
+        if len(splits[s]) == 0:
+            raise ConfigError(
+                f"dataset.{'train' if s == train_split else 'test'}_split: "
+                f"split {s!r} of {root} is empty (0 rows)"
+            )
+    return splits, used
