@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedexp.report.plots import _pyplot, _save
+from fedexp.report import plots
 
 
 @dataclass
@@ -73,7 +73,7 @@ def plot_search(runs, path: Path, flatten) -> list[str]:
     found, best = trials(runs, search, flatten)
     if best is None:
         return []
-    plt = _pyplot()
+    plt = plots._pyplot()
     keys = list(search.params)
     fig, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 3.8), squeeze=False)
     ys = np.array([t["objective"] for t in found])
@@ -101,7 +101,7 @@ def plot_search(runs, path: Path, flatten) -> list[str]:
         ax.grid(alpha=0.3)
     fig.tight_layout()
     axes[0][-1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
-    _save(plt, fig, path, True)
+    plots._save(plt, fig, path, True)
     shown = ", ".join(f"`{k}` = {_short(found[best]['params'][k])}" for k in keys)
     return [
         f"{len(found)} completed trials, {search.direction} `{search.objective}`; best "
