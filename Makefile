@@ -30,7 +30,7 @@ test-full: install  ## every test, slow ones included
 	WANDB_MODE=offline $(BIN)/python -m pytest -n 2 -m ''
 
 smoke: install  ## tiny end-to-end runs through the CLI only
-	WANDB_MODE=offline $(BIN)/python -m pytest tests/smoke
+	WANDB_MODE=offline $(BIN)/python -m pytest tests/cli
 
 bench: install  ## fedexp vs a plain PyTorch loop on a fixed FedAvg workload
 	$(BIN)/python scripts/bench.py

@@ -1,4 +1,5 @@
-"""Shared test helpers: run the real CLI in a subprocess, read what a run wrote."""
+"""Shared test helpers: run the real CLI in a subprocess or in this process, compose a config and
+run an Experiment in this process, read what a run wrote."""
 
 from __future__ import annotations
 
@@ -6,14 +7,21 @@ import csv
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from fedexp.core.callbacks import Callback
+from handworld import two_client_data
 
 REPO = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
 
 
 def run_cli(*overrides: str, cwd: Path, multirun: bool = False, check: bool = True, env=None):
@@ -112,6 +120,90 @@ def cli(tmp_path):
 
     _run.cwd = tmp_path
     return _run
+
+
+@pytest.fixture(autouse=True)
+def restore_root_logging():
+    """The CLI run in-process (Hydra, resume) configures root logging; undo it after a test so
+    no handler outlives its captured stream or its deleted run dir."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        if handler not in handlers:
+            root.removeHandler(handler)
+            handler.close()
+    root.setLevel(level)
+
+
+@pytest.fixture
+def compose_cfg(tmp_path, monkeypatch):
+    """compose_cfg('algorithm=fedprox', ...) -> the DictConfig the CLI would build."""
+    monkeypatch.setenv("FEDEXP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("FEDEXP_DATA_DIR", str(tmp_path / "data"))
+    # tiny models: one intra-op thread; several threads on a busy machine are many times slower
+    torch.set_num_threads(1)
+
+    def _compose(*overrides: str):
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
+            return compose("config", overrides=["debug=smoke", *overrides])
+
+    return _compose
+
+
+def run_experiment(cfg, run_dir: Path, resume: bool = False, callbacks=(), loggers=()) -> dict:
+    """Build and run one job in this process, as the CLI does (minus Hydra's run dir); returns
+    the summary in its summary.json form."""
+    from fedexp.run import Experiment
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    experiment = Experiment(cfg, run_dir, resume=resume)
+    experiment.callbacks.extend(callbacks)
+    return experiment.run(list(loggers)).to_dict()
+
+
+class SignalAfter(Callback):
+    """A callback that sends this process `signum` when round `round_idx` is evaluated."""
+
+    def __init__(self, round_idx: int, signum: int = signal.SIGTERM):
+        self.round_idx, self.signum = round_idx, signum
+
+    def on_evaluate(self, report) -> dict:
+        if report.round == self.round_idx:
+            os.kill(os.getpid(), self.signum)
+        return {}
+
+
+def metric_rows(run_dir: Path) -> list[dict]:
+    """metrics.jsonl rows without the time/* keys (they differ between any two runs)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+
+
+def final_metrics(summary: dict) -> dict:
+    return {k: v for k, v in summary["metrics"].items() if not k.startswith("time/")}
+
+
+@pytest.fixture
+def lifecycle():
+    """The helpers above, as a fixture (test files do not import conftest modules)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        run=run_experiment,
+        SignalAfter=SignalAfter,
+        rows=metric_rows,
+        final=final_metrics,
+        tests_dir=TESTS,
+        repo=REPO,
+    )
+
+
+@pytest.fixture
+def two_clients():
+    """Client 0 holds x=[1,2], y=0; client 1 holds x=[2,0], y=1 (one sample each)."""
+    return two_client_data()
 
 
 # Tiny models run fastest on one thread, and a loaded machine makes torch's thread pool thrash.
