@@ -3,10 +3,13 @@ run an Experiment in this process, read what a run wrote."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import inspect
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -49,6 +52,12 @@ def run_cli(*overrides: str, cwd: Path, multirun: bool = False, check: bool = Tr
 
 def main_in_process(monkeypatch, capsys, *args: str) -> tuple[int, str]:
     """`python -m fedexp args...` in this process (fast; no interpreter start): (exit, stderr)."""
+    code, _, err = main_captured(monkeypatch, capsys, *args)
+    return code, err
+
+
+def main_captured(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    """main_in_process, with what the run printed: (exit, stdout, stderr)."""
     from fedexp.__main__ import main
 
     monkeypatch.setattr(sys, "argv", ["fedexp", *args])
@@ -59,7 +68,8 @@ def main_in_process(monkeypatch, capsys, *args: str) -> tuple[int, str]:
     try:
         main()
     except SystemExit as exit_:
-        return exit_.code or 0, capsys.readouterr().err
+        out, err = capsys.readouterr()
+        return exit_.code or 0, out, err
     finally:
         for lg, handlers, level, propagate in saved:
             lg.handlers[:] = handlers
@@ -69,7 +79,8 @@ def main_in_process(monkeypatch, capsys, *args: str) -> tuple[int, str]:
             lg = logging.getLogger(name)
             if id(lg) not in known:  # made during the run (its handlers are on this test's streams)
                 lg.handlers.clear()
-    return 0, capsys.readouterr().err
+    out, err = capsys.readouterr()
+    return 0, out, err
 
 
 def smoke_experiment(tmp_path: Path, *overrides: str):
@@ -204,6 +215,88 @@ def lifecycle():
 def two_clients():
     """Client 0 holds x=[1,2], y=0; client 1 holds x=[2,0], y=1 (one sample each)."""
     return two_client_data()
+
+
+@pytest.fixture
+def cli_in_process(tmp_path, monkeypatch, capsys):
+    """The `cli` fixture's runs in this process (no interpreter start, no import of torch again):
+    for tests of what a run does, not of the process. Returns what `cli` returns (returncode,
+    stdout, stderr); `env` entries are set for the run only."""
+    from types import SimpleNamespace
+
+    def _run(*overrides, multirun: bool = False, check: bool = True, env=None):
+        with monkeypatch.context() as patch:
+            patch.chdir(tmp_path)
+            patch.setenv("WANDB_MODE", "offline")
+            patch.setenv("WANDB_SILENT", "true")
+            patch.setenv("FEDEXP_CACHE_DIR", str(tmp_path / "cache"))
+            patch.setenv("FEDEXP_DATA_DIR", str(tmp_path / "data"))
+            for key, value in (env or {}).items():
+                patch.setenv(key, value)
+            args = [*(["-m"] if multirun else []), *overrides]
+            code, out, err = main_captured(patch, capsys, *args)
+        if check and code != 0:
+            raise AssertionError(f"exit {code}\nSTDOUT:\n{out}\nSTDERR:\n{err}")
+        return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+
+    _run.cwd = tmp_path
+    return _run
+
+
+# Markers for the edit-test loop (`make test-fast` deselects both): `cli` for a test under
+# tests/cli or one that starts a process, `experiment` for one that builds a whole Experiment
+# (in this process or through the CLI's main); read from the test's source and its fixtures'.
+CLI_WORDS = ("subprocess", "run_cli(", "sys.executable")
+EXPERIMENT_WORDS = (
+    "cli_in_process",
+    "smoke_experiment(",
+    "Experiment(",
+    "main_in_process(",
+    "main()",
+    "lifecycle",
+    "compose_cfg",
+    "run_experiment(",
+)
+
+
+def _in_tests(func) -> bool:
+    with contextlib.suppress(TypeError):
+        return TESTS in Path(inspect.getsourcefile(func) or "/").resolve().parents
+    return False
+
+
+def _sources(item) -> str:
+    """The source of the test function, of the test helpers it calls (and those they call), and
+    of every fixture it uses."""
+    funcs = [getattr(item, "function", None)]
+    info = getattr(item, "_fixtureinfo", None)
+    for name in item.fixturenames if info is not None else ():
+        funcs += [d.func for d in info.name2fixturedefs.get(name, ())]
+    module = getattr(item, "module", None)
+    texts, seen = [], set()
+    while funcs:
+        func = funcs.pop()
+        if id(func) in seen:
+            continue
+        seen.add(id(func))
+        with contextlib.suppress(TypeError, OSError):  # a builtin, or no source file
+            text = inspect.getsource(func)
+            texts.append(text)
+            for name in re.findall(r"\b(\w+)\(", text):
+                called = getattr(module, name, None)
+                if inspect.isfunction(called) and _in_tests(called):
+                    funcs.append(called)
+    return "\n".join(texts)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        text = _sources(item)
+        in_cli = TESTS / "cli" in Path(item.path).parents or "cli" in item.fixturenames
+        if in_cli or any(word in text for word in CLI_WORDS):
+            item.add_marker(pytest.mark.cli)
+        if any(word in text for word in EXPERIMENT_WORDS):
+            item.add_marker(pytest.mark.experiment)
 
 
 # Tiny models run fastest on one thread, and a loaded machine makes torch's thread pool thrash.

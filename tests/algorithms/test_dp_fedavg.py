@@ -146,7 +146,8 @@ def test_a_robust_aggregator_is_refused(two_clients):
         DPFedAvg(ctx)
 
 
-def test_cli_logs_epsilon_every_round(cli):
+def test_cli_logs_epsilon_every_round(cli_in_process):
+    cli = cli_in_process
     cli("algorithm=dp_fedavg", "algorithm.noise_multiplier=0.8", "debug=smoke")
     (run,) = run_dirs(cli.cwd / "outputs")
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
