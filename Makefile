@@ -7,7 +7,7 @@ CLAIMS_JOBS ?= 2
 export WANDB_SILENT := true
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test test-full smoke bench claims claims-paper lint format clean
+.PHONY: help install run test test-fast test-full smoke bench claims claims-paper lint format clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -26,11 +26,14 @@ run: install  ## run the default experiment (FedAvg on the embedded digits data)
 test: install  ## the fast test suite (unit, algorithm checks, smoke runs), on 2 workers
 	WANDB_MODE=offline $(BIN)/python -m pytest -n 2
 
+test-fast: install  ## the edit-test loop: no process started, no whole experiment (~1 min)
+	WANDB_MODE=offline $(BIN)/python -m pytest -n 2 -m "not slow and not cli and not experiment"
+
 test-full: install  ## every test, slow ones included
 	WANDB_MODE=offline $(BIN)/python -m pytest -n 2 -m ''
 
 smoke: install  ## tiny end-to-end runs through the CLI only
-	WANDB_MODE=offline $(BIN)/python -m pytest tests/smoke
+	WANDB_MODE=offline $(BIN)/python -m pytest tests/cli
 
 bench: install  ## fedexp vs a plain PyTorch loop on a fixed FedAvg workload
 	$(BIN)/python scripts/bench.py

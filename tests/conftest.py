@@ -1,19 +1,30 @@
-"""Shared test helpers: run the real CLI in a subprocess, read what a run wrote."""
+"""Shared test helpers: run the real CLI in a subprocess or in this process, compose a config and
+run an Experiment in this process, read what a run wrote."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import inspect
 import json
 import logging
 import os
+import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from fedexp.core.callbacks import Callback
+from handworld import two_client_data
 
 REPO = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
 
 
 def run_cli(*overrides: str, cwd: Path, multirun: bool = False, check: bool = True, env=None):
@@ -41,6 +52,12 @@ def run_cli(*overrides: str, cwd: Path, multirun: bool = False, check: bool = Tr
 
 def main_in_process(monkeypatch, capsys, *args: str) -> tuple[int, str]:
     """`python -m fedexp args...` in this process (fast; no interpreter start): (exit, stderr)."""
+    code, _, err = main_captured(monkeypatch, capsys, *args)
+    return code, err
+
+
+def main_captured(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    """main_in_process, with what the run printed: (exit, stdout, stderr)."""
     from fedexp.__main__ import main
 
     monkeypatch.setattr(sys, "argv", ["fedexp", *args])
@@ -51,7 +68,8 @@ def main_in_process(monkeypatch, capsys, *args: str) -> tuple[int, str]:
     try:
         main()
     except SystemExit as exit_:
-        return exit_.code or 0, capsys.readouterr().err
+        out, err = capsys.readouterr()
+        return exit_.code or 0, out, err
     finally:
         for lg, handlers, level, propagate in saved:
             lg.handlers[:] = handlers
@@ -61,7 +79,8 @@ def main_in_process(monkeypatch, capsys, *args: str) -> tuple[int, str]:
             lg = logging.getLogger(name)
             if id(lg) not in known:  # made during the run (its handlers are on this test's streams)
                 lg.handlers.clear()
-    return 0, capsys.readouterr().err
+    out, err = capsys.readouterr()
+    return 0, out, err
 
 
 def smoke_experiment(tmp_path: Path, *overrides: str):
@@ -112,6 +131,172 @@ def cli(tmp_path):
 
     _run.cwd = tmp_path
     return _run
+
+
+@pytest.fixture(autouse=True)
+def restore_root_logging():
+    """The CLI run in-process (Hydra, resume) configures root logging; undo it after a test so
+    no handler outlives its captured stream or its deleted run dir."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        if handler not in handlers:
+            root.removeHandler(handler)
+            handler.close()
+    root.setLevel(level)
+
+
+@pytest.fixture
+def compose_cfg(tmp_path, monkeypatch):
+    """compose_cfg('algorithm=fedprox', ...) -> the DictConfig the CLI would build."""
+    monkeypatch.setenv("FEDEXP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("FEDEXP_DATA_DIR", str(tmp_path / "data"))
+    # tiny models: one intra-op thread; several threads on a busy machine are many times slower
+    torch.set_num_threads(1)
+
+    def _compose(*overrides: str):
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
+            return compose("config", overrides=["debug=smoke", *overrides])
+
+    return _compose
+
+
+def run_experiment(cfg, run_dir: Path, resume: bool = False, callbacks=(), loggers=()) -> dict:
+    """Build and run one job in this process, as the CLI does (minus Hydra's run dir); returns
+    the summary in its summary.json form."""
+    from fedexp.run import Experiment
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    experiment = Experiment(cfg, run_dir, resume=resume)
+    experiment.callbacks.extend(callbacks)
+    return experiment.run(list(loggers)).to_dict()
+
+
+class SignalAfter(Callback):
+    """A callback that sends this process `signum` when round `round_idx` is evaluated."""
+
+    def __init__(self, round_idx: int, signum: int = signal.SIGTERM):
+        self.round_idx, self.signum = round_idx, signum
+
+    def on_evaluate(self, report) -> dict:
+        if report.round == self.round_idx:
+            os.kill(os.getpid(), self.signum)
+        return {}
+
+
+def metric_rows(run_dir: Path) -> list[dict]:
+    """metrics.jsonl rows without the time/* keys (they differ between any two runs)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+
+
+def final_metrics(summary: dict) -> dict:
+    return {k: v for k, v in summary["metrics"].items() if not k.startswith("time/")}
+
+
+@pytest.fixture
+def lifecycle():
+    """The helpers above, as a fixture (test files do not import conftest modules)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        run=run_experiment,
+        SignalAfter=SignalAfter,
+        rows=metric_rows,
+        final=final_metrics,
+        tests_dir=TESTS,
+        repo=REPO,
+    )
+
+
+@pytest.fixture
+def two_clients():
+    """Client 0 holds x=[1,2], y=0; client 1 holds x=[2,0], y=1 (one sample each)."""
+    return two_client_data()
+
+
+@pytest.fixture
+def cli_in_process(tmp_path, monkeypatch, capsys):
+    """The `cli` fixture's runs in this process (no interpreter start, no import of torch again):
+    for tests of what a run does, not of the process. Returns what `cli` returns (returncode,
+    stdout, stderr); `env` entries are set for the run only."""
+    from types import SimpleNamespace
+
+    def _run(*overrides, multirun: bool = False, check: bool = True, env=None):
+        with monkeypatch.context() as patch:
+            patch.chdir(tmp_path)
+            patch.setenv("WANDB_MODE", "offline")
+            patch.setenv("WANDB_SILENT", "true")
+            patch.setenv("FEDEXP_CACHE_DIR", str(tmp_path / "cache"))
+            patch.setenv("FEDEXP_DATA_DIR", str(tmp_path / "data"))
+            for key, value in (env or {}).items():
+                patch.setenv(key, value)
+            args = [*(["-m"] if multirun else []), *overrides]
+            code, out, err = main_captured(patch, capsys, *args)
+        if check and code != 0:
+            raise AssertionError(f"exit {code}\nSTDOUT:\n{out}\nSTDERR:\n{err}")
+        return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+
+    _run.cwd = tmp_path
+    return _run
+
+
+# Markers for the edit-test loop (`make test-fast` deselects both): `cli` for a test under
+# tests/cli or one that starts a process, `experiment` for one that builds a whole Experiment
+# (in this process or through the CLI's main); read from the test's source and its fixtures'.
+CLI_WORDS = ("subprocess", "run_cli(", "sys.executable")
+EXPERIMENT_WORDS = (
+    "cli_in_process",
+    "smoke_experiment(",
+    "Experiment(",
+    "main_in_process(",
+    "main()",
+    "lifecycle",
+    "compose_cfg",
+    "run_experiment(",
+)
+
+
+def _in_tests(func) -> bool:
+    with contextlib.suppress(TypeError):
+        return TESTS in Path(inspect.getsourcefile(func) or "/").resolve().parents
+    return False
+
+
+def _sources(item) -> str:
+    """The source of the test function, of the test helpers it calls (and those they call), and
+    of every fixture it uses."""
+    funcs = [getattr(item, "function", None)]
+    info = getattr(item, "_fixtureinfo", None)
+    for name in item.fixturenames if info is not None else ():
+        funcs += [d.func for d in info.name2fixturedefs.get(name, ())]
+    module = getattr(item, "module", None)
+    texts, seen = [], set()
+    while funcs:
+        func = funcs.pop()
+        if id(func) in seen:
+            continue
+        seen.add(id(func))
+        with contextlib.suppress(TypeError, OSError):  # a builtin, or no source file
+            text = inspect.getsource(func)
+            texts.append(text)
+            for name in re.findall(r"\b(\w+)\(", text):
+                called = getattr(module, name, None)
+                if inspect.isfunction(called) and _in_tests(called):
+                    funcs.append(called)
+    return "\n".join(texts)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        text = _sources(item)
+        in_cli = TESTS / "cli" in Path(item.path).parents or "cli" in item.fixturenames
+        if in_cli or any(word in text for word in CLI_WORDS):
+            item.add_marker(pytest.mark.cli)
+        if any(word in text for word in EXPERIMENT_WORDS):
+            item.add_marker(pytest.mark.experiment)
 
 
 # Tiny models run fastest on one thread, and a loaded machine makes torch's thread pool thrash.

@@ -5,8 +5,8 @@ README.md and docs/*.md (continuation lines joined, comments dropped). `smoke_co
 into the command a test runs: placeholders (`<run dir>`, `<date>/<time>`) filled with real run
 dirs, run sizes (rounds, clients, trials) cut to smoke size, `debug=smoke` added. `SKIPPED` is the
 marked list of commands that cannot run here (a GPU, a download, a W&B account, the user's own
-files), each with its reason; tests/unit/test_doc_commands.py checks every entry still matches a
-command, so the list cannot hide one that was rewritten.
+files), each with its reason; tests/cli/test_doc_commands_reader.py checks every entry still
+matches a command, so the list cannot hide one that was rewritten.
 """
 
 from __future__ import annotations

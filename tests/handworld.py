@@ -10,9 +10,11 @@ from fedexp.aggregators.mean import weighted_mean
 from fedexp.core.algorithm import BuildContext
 from fedexp.core.client_store import ClientStore
 from fedexp.core.local import ClientConfig, LocalTraining
+from fedexp.core.types import RoundContext
 from fedexp.data.datasets import Dataset
 from fedexp.data.federated import FederatedData
 from fedexp.data.partition import Partition
+from fedexp.engine.executors.sequential import SequentialExecutor
 from fedexp.models.mlp import BodyHead
 
 
@@ -63,10 +65,24 @@ def one_client_data(n=5):
     return FederatedData(ds, Partition([np.arange(n)], [np.arange(n)]), torch.device("cpu"))
 
 
-def make_ctx(data, factory=zero_linear, seed=0, **client_kw) -> BuildContext:
+def tiny_federation(num_clients: int = 3, per_client: int = 30, dim: int = 6, classes: int = 3):
+    """`num_clients` clients of `per_client` seeded Gaussian samples (80% train, 20% test) of a
+    `dim`-feature, `classes`-class task; a 20-sample global test set."""
+    g = torch.Generator().manual_seed(0)
+    n = num_clients * per_client
+    x, y = torch.randn(n, dim, generator=g), torch.randint(0, classes, (n,), generator=g)
+    parts = np.array_split(np.arange(n), num_clients)
+    cut = int(0.8 * per_client)
+    partition = Partition([p[:cut] for p in parts], [p[cut:] for p in parts])
+    dataset = Dataset("tiny", x, y, x[:20], y[:20], classes, (dim,))
+    return FederatedData(dataset, partition, torch.device("cpu"))
+
+
+def make_ctx(data, factory=zero_linear, seed=0, client=None, **client_kw) -> BuildContext:
+    """The BuildContext of a test world: `client` a ClientConfig, or client_cfg(**client_kw)."""
     return BuildContext(
         model_factory=factory,
-        client=client_cfg(**client_kw),
+        client=client if client is not None else client_cfg(**client_kw),
         aggregator=weighted_mean,
         data=data,
         device=torch.device("cpu"),
@@ -90,3 +106,20 @@ def mlp_ctx(aggregator=weighted_mean, data=None) -> BuildContext:
         seed=0,
         store=ClientStore(),
     )
+
+
+def one_round(
+    algo, data=None, ids=(0, 1), executor=None, round_idx=1, seed=0, state=None, aggregate=True
+):
+    """One round as the round loop runs it: configure, train `ids` on `executor` (sequential by
+    default), aggregate. `data` defaults to the algorithm's, `state` to `algo.init_state()`.
+    Returns (payloads, results, new_state, metrics); the last two are None without `aggregate`."""
+    state = algo.init_state() if state is None else state
+    data = algo.ctx.data if data is None else data
+    ctx = RoundContext(round_idx, tuple(ids), seed)
+    payloads = algo.configure_round(state, ctx)
+    results = (executor or SequentialExecutor()).run(algo, payloads, ctx, data)
+    if not aggregate:
+        return payloads, results, None, None
+    new_state, metrics = algo.aggregate(state, results, ctx)
+    return payloads, results, new_state, metrics

@@ -4,12 +4,10 @@ import torch
 from components import with_yaml
 from fedexp.algorithms.centralised import Centralised
 from fedexp.algorithms.fedavg import FedAvg
-from fedexp.core.types import RoundContext
 from fedexp.data.datasets import Dataset
 from fedexp.data.federated import FederatedData
 from fedexp.data.partition import Partition
-from fedexp.engine.executors.sequential import SequentialExecutor
-from handworld import make_ctx, small_mlp
+from handworld import make_ctx, one_round, small_mlp
 
 FedAvg = with_yaml(FedAvg, "algorithm", "fedavg")
 
@@ -24,15 +22,6 @@ def three_clients(sizes=(3, 5, 2)):
     cuts = np.cumsum([0, *sizes])
     shards = [np.arange(a, b) for a, b in zip(cuts[:-1], cuts[1:])]
     return FederatedData(ds, Partition(shards, shards), torch.device("cpu"))
-
-
-def one_round(algo, data, ids):
-    state = algo.init_state()
-    ctx = RoundContext(1, ids, 0)
-    payloads = algo.configure_round(state, ctx)
-    results = SequentialExecutor().run(algo, payloads, ctx, data)
-    new, metrics = algo.aggregate(state, results, ctx)
-    return payloads, results, new, metrics
 
 
 def test_samples_seen_per_round_equal_fedavgs_round_budget():

@@ -10,9 +10,8 @@ from fedexp.core.algorithm import flat_params
 from fedexp.core.client import ClientModule
 from fedexp.core.client_loop import train_local
 from fedexp.core.seeding import client_generator
-from fedexp.core.types import ConfigError, RoundContext
-from fedexp.engine.executors.sequential import SequentialExecutor
-from handworld import make_ctx, one_client_data, small_mlp
+from fedexp.core.types import ConfigError
+from handworld import make_ctx, one_client_data, one_round, small_mlp
 
 Ditto = with_yaml(Ditto, "algorithm", "ditto")
 FedAvg = with_yaml(FedAvg, "algorithm", "fedavg")
@@ -23,9 +22,7 @@ def rounds(algo, data, num_rounds):
     anchors = []
     for t in range(1, num_rounds + 1):
         anchors.append(state.params)
-        ctx = RoundContext(t, (0,), 0)
-        results = SequentialExecutor().run(algo, algo.configure_round(state, ctx), ctx, data)
-        state = algo.aggregate(state, results, ctx)[0]
+        _, _, state, _ = one_round(algo, data, ids=(0,), round_idx=t, state=state)
     return state, anchors
 
 
@@ -71,10 +68,8 @@ def test_global_model_is_fedavgs_and_metrics_read_each_model(two_clients):
     fedavg = FedAvg(make_ctx(two_clients, **ctx))
     states = []
     for algo in (ditto, fedavg):
-        state = algo.init_state()
-        rc = RoundContext(1, (0, 1), 0)
-        results = SequentialExecutor().run(algo, algo.configure_round(state, rc), rc, two_clients)
-        states.append(algo.aggregate(state, results, rc)[0])
+        _, results, new, _ = one_round(algo, two_clients)
+        states.append(new)
         assert [r.num_steps for r in results] == ([3, 3] if algo is ditto else [1, 1])
     assert torch.equal(states[0].params, states[1].params)  # the global phase is FedAvg's
     glob = flat_params(list(ditto.global_model(states[0]).parameters()))

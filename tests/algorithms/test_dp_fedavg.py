@@ -14,8 +14,7 @@ from fedexp.algorithms.dp_fedavg import DP_NOISE_STREAM, DPFedAvg, clip_rows
 from fedexp.algorithms.fedavg import FedAvg
 from fedexp.core.seeding import derive_seed
 from fedexp.core.types import ClientResult, ConfigError, RoundContext, ServerState, Weights
-from fedexp.engine.executors.sequential import SequentialExecutor
-from handworld import make_ctx, small_mlp
+from handworld import make_ctx, one_round, small_mlp
 
 DPFedAvg = with_yaml(DPFedAvg, "algorithm", "dp_fedavg")
 FedAvg = with_yaml(FedAvg, "algorithm", "fedavg")
@@ -34,18 +33,11 @@ def results_of(*rows, sizes=None):
     ]
 
 
-def one_round(algo, data):
-    state = algo.init_state()
-    ctx = RoundContext(1, (0, 1), 0)
-    results = SequentialExecutor().run(algo, algo.configure_round(state, ctx), ctx, data)
-    return algo.aggregate(state, results, ctx)
-
-
 def test_no_noise_no_clip_uniform_is_fedavg_bit_for_bit(two_clients):
-    avg, _ = one_round(
+    _, _, avg, _ = one_round(
         FedAvg(make_ctx(two_clients, factory=small_mlp, seed=3), weighting="uniform"), two_clients
     )
-    dp, metrics = one_round(
+    _, _, dp, metrics = one_round(
         DPFedAvg(make_ctx(two_clients, factory=small_mlp, seed=3), clip=None, noise_multiplier=0),
         two_clients,
     )
@@ -154,7 +146,8 @@ def test_a_robust_aggregator_is_refused(two_clients):
         DPFedAvg(ctx)
 
 
-def test_cli_logs_epsilon_every_round(cli):
+def test_cli_logs_epsilon_every_round(cli_in_process):
+    cli = cli_in_process
     cli("algorithm=dp_fedavg", "algorithm.noise_multiplier=0.8", "debug=smoke")
     (run,) = run_dirs(cli.cwd / "outputs")
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -6,20 +6,11 @@ from fedexp.algorithms.fedprox import FedProx
 from fedexp.algorithms.fedrep import FedRep
 from fedexp.core.algorithm import flat_params
 from fedexp.core.types import ClientResult, RoundContext, ServerState, Weights
-from fedexp.engine.executors.sequential import SequentialExecutor
-from handworld import make_ctx, small_mlp
+from handworld import make_ctx, one_round, small_mlp
 
 FedAvg = with_yaml(FedAvg, "algorithm", "fedavg")
 FedProx = with_yaml(FedProx, "algorithm", "fedprox")
 FedRep = with_yaml(FedRep, "algorithm", "fedrep")
-
-
-def one_round(algo, data, round_idx=1):
-    state = algo.init_state()
-    ctx = RoundContext(round_idx, (0, 1), 0)
-    payloads = algo.configure_round(state, ctx)
-    results = SequentialExecutor().run(algo, payloads, ctx, data)
-    return state, results, algo.aggregate(state, results, ctx)[0]
 
 
 def test_fedavg_aggregate_on_hand_numbers(two_clients):
@@ -42,7 +33,7 @@ def test_fedavg_one_local_step_each_on_hand_numbers(two_clients):
     # zero weights: softmax = [.5, .5]; grad W = (p - onehot(y)) x^T; lr 0.1, one step each.
     # client 0 (x=[1,2], y=0): W = [[.05, .1], [-.05, -.1]], b = [.05, -.05]
     # client 1 (x=[2,0], y=1): W = [[-.1, 0], [.1, 0]],     b = [-.05, .05]
-    _, results, new = one_round(FedAvg(make_ctx(two_clients)), two_clients)
+    _, results, new, _ = one_round(FedAvg(make_ctx(two_clients)), two_clients)
     expected_w = torch.tensor([[-0.025, 0.05], [0.025, -0.05]])
     assert torch.allclose(new.params[:4], expected_w.reshape(-1), atol=1e-7)
     assert torch.allclose(new.params[4:], torch.zeros(2), atol=1e-7)
@@ -53,8 +44,8 @@ def test_fedavg_one_local_step_each_on_hand_numbers(two_clients):
 
 
 def test_fedprox_with_mu_zero_is_fedavg_bit_for_bit(two_clients):
-    _, _, avg = one_round(FedAvg(make_ctx(two_clients, factory=small_mlp, seed=3)), two_clients)
-    _, _, prox = one_round(
+    _, _, avg, _ = one_round(FedAvg(make_ctx(two_clients, factory=small_mlp, seed=3)), two_clients)
+    _, _, prox, _ = one_round(
         FedProx(make_ctx(two_clients, factory=small_mlp, seed=3), mu=0.0), two_clients
     )
     assert torch.equal(avg.params, prox.params)
@@ -82,7 +73,7 @@ def test_fedprox_gradient_includes_mu_times_distance(two_clients):
 
 def test_fedrep_heads_stay_on_clients_and_differ(two_clients):
     algo = FedRep(make_ctx(two_clients, factory=small_mlp), head_epochs=2, body_epochs=1)
-    state, results, new = one_round(algo, two_clients)
+    _, results, new, _ = one_round(algo, two_clients)
     body = sum(p.numel() for p in algo.eval_model.body.parameters())
     head = sum(p.numel() for p in algo.eval_model.head.parameters())
     assert all(r.upload.values.numel() == body for r in results)  # only the body travels

@@ -12,9 +12,8 @@ from fedexp.core.types import ConfigError, RoundContext
 from fedexp.data.datasets import Dataset
 from fedexp.data.federated import FederatedData
 from fedexp.data.partition import Partition
-from fedexp.engine.executors.sequential import SequentialExecutor
 from fedexp.engine.executors.vectorized import VectorizedExecutor
-from handworld import bn_mlp, make_ctx, small_mlp
+from handworld import bn_mlp, make_ctx, one_round, small_mlp
 
 FedAvg = with_yaml(FedAvg, "algorithm", "fedavg")
 FedBN = with_yaml(FedBN, "algorithm", "fedbn")
@@ -29,20 +28,13 @@ def two_pairs():
     return FederatedData(ds, part, torch.device("cpu"))
 
 
-def one_round(algo, data):
-    state = algo.init_state()
-    ctx = RoundContext(1, (0, 1), 0)
-    results = SequentialExecutor().run(algo, algo.configure_round(state, ctx), ctx, data)
-    return state, results, algo.aggregate(state, results, ctx)[0]
-
-
 def test_bn_parameters_and_statistics_stay_on_the_client_and_differ_per_client():
     data = two_pairs()
     algo = FedBN(make_ctx(data, factory=bn_mlp, batch_size=2))
     state = algo.init_state()
     lin = algo.eval_model.body[0]
     w0, b0 = lin.weight.detach().clone(), lin.bias.detach().clone()
-    _, results, new = one_round(algo, data)
+    _, results, new, _ = one_round(algo, data)
     # the upload is the delta of the Linear layers only: 2*3+3 + 3*2+2 = 17 floats of 23
     total = sum(p.numel() for p in algo.eval_model.parameters())
     assert total == 23 and new.params.numel() == 17
@@ -73,7 +65,7 @@ def test_bn_parameters_and_statistics_stay_on_the_client_and_differ_per_client()
 def test_the_next_round_starts_from_the_clients_own_bn_state():
     data = two_pairs()
     algo = FedBN(make_ctx(data, factory=bn_mlp, batch_size=2))
-    state, _, new = one_round(algo, data)
+    _, _, new, _ = one_round(algo, data)
     module = algo.client_module(0)
     algo.client_begin(module, 0, algo.configure_round(new, RoundContext(2, (0,), 0))[0])
     assert torch.equal(bn_layers(module.model)[0].running_mean, algo.store.get(0)[2])
@@ -81,9 +73,9 @@ def test_the_next_round_starts_from_the_clients_own_bn_state():
 
 def test_without_bn_layers_fedbn_is_fedavg_bit_for_bit():
     data = two_pairs()
-    _, _, avg = one_round(FedAvg(make_ctx(data, factory=small_mlp, seed=3, batch_size=2)), data)
+    _, _, avg, _ = one_round(FedAvg(make_ctx(data, factory=small_mlp, seed=3, batch_size=2)), data)
     algo = FedBN(make_ctx(data, factory=small_mlp, seed=3, batch_size=2))
-    _, _, bn = one_round(algo, data)
+    _, _, bn, _ = one_round(algo, data)
     assert torch.equal(avg.params, bn.params)
     assert algo.has_global_model and len(algo.store) == 0
 

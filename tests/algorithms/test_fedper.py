@@ -8,10 +8,8 @@ from fedexp.core.algorithm import flat_params
 from fedexp.core.client import ClientModule
 from fedexp.core.client_loop import train_local
 from fedexp.core.seeding import client_generator
-from fedexp.core.types import RoundContext
-from fedexp.engine.executors.sequential import SequentialExecutor
 from fedexp.metrics.comm import FLOAT_BITS
-from handworld import make_ctx, one_client_data, small_mlp
+from handworld import make_ctx, one_client_data, one_round, small_mlp
 
 FedPer = with_yaml(FedPer, "algorithm", "fedper")
 
@@ -20,9 +18,7 @@ def rounds(algo, data, num_rounds, clients=(0,)):
     state = algo.init_state()
     results = []
     for t in range(1, num_rounds + 1):
-        ctx = RoundContext(t, clients, 0)
-        results = SequentialExecutor().run(algo, algo.configure_round(state, ctx), ctx, data)
-        state = algo.aggregate(state, results, ctx)[0]
+        _, results, state, _ = one_round(algo, data, clients, round_idx=t, state=state)
     return state, results
 
 

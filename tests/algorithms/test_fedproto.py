@@ -12,9 +12,8 @@ from components import with_yaml
 from conftest import main_in_process
 from fedexp.algorithms.fedproto import FedProto, Prototypes, class_prototypes
 from fedexp.core.types import ClientResult, ConfigError, RoundContext, ServerState
-from fedexp.engine.executors.sequential import SequentialExecutor
 from fedexp.models.mlp import BodyHead
-from handworld import make_ctx, small_mlp
+from handworld import make_ctx, one_round, small_mlp
 
 FedProto = with_yaml(FedProto, "algorithm", "fedproto")
 
@@ -44,8 +43,7 @@ def test_prototypes_are_exactly_the_class_means_by_hand():
 def test_the_upload_is_the_class_means_of_the_trained_models_representations(two_clients):
     algo = FedProto(make_ctx(two_clients, factory=small_mlp))
     state = algo.init_state()
-    ctx = RoundContext(1, (0, 1), 0)
-    results = SequentialExecutor().run(algo, algo.configure_round(state, ctx), ctx, two_clients)
+    _, results, _, _ = one_round(algo, two_clients, state=state, aggregate=False)
     for r in results:
         model = algo.personal_model(state, r.client_id)  # the stored, trained model
         x, y = two_clients.train(r.client_id)

@@ -7,21 +7,15 @@ from fedexp.core.algorithm import flat_params
 from fedexp.core.client import ClientModule
 from fedexp.core.client_loop import train_local
 from fedexp.core.seeding import client_generator
-from fedexp.core.types import RoundContext
-from fedexp.engine.executors.sequential import SequentialExecutor
-from handworld import make_ctx, small_mlp
+from handworld import make_ctx, one_round, small_mlp
 
 
 def run_rounds(algo, data, cohorts):
-    state = algo.init_state()
-    bits = 0
+    state, bits = algo.init_state(), 0
     for t, ids in enumerate(cohorts, start=1):
-        ctx = RoundContext(t, ids, 0)
-        payloads = algo.configure_round(state, ctx)
-        results = SequentialExecutor().run(algo, payloads, ctx, data)
+        payloads, results, state, _ = one_round(algo, data, ids, round_idx=t, state=state)
         bits += sum(p.num_bits() for p in payloads.values())
         bits += sum(r.upload.num_bits() for r in results)
-        state = algo.aggregate(state, results, ctx)[0]
     return state, bits
 
 

@@ -14,9 +14,8 @@ from fedexp.algorithms.fedper import FedPer
 from fedexp.algorithms.fedproto import FedProto
 from fedexp.algorithms.fedrep import FedRep
 from fedexp.algorithms.local import Local
-from fedexp.core.types import ConfigError, RoundContext
-from fedexp.engine.executors.sequential import SequentialExecutor
-from handworld import make_ctx, one_client_data, small_mlp
+from fedexp.core.types import ConfigError
+from handworld import make_ctx, one_client_data, one_round, small_mlp
 
 OPTIONS = {
     "fedavg": FedAvg,
@@ -45,9 +44,7 @@ def phases_of_one_round(algo) -> list[tuple[str, int, int]]:
         return client_end(module, client_id, payload, training)
 
     algo.client_end = record
-    state = algo.init_state()
-    ctx = RoundContext(1, (0,), 0)
-    SequentialExecutor().run(algo, algo.configure_round(state, ctx), ctx, algo.ctx.data)
+    one_round(algo, ids=(0,), aggregate=False)
     return [(p.name, p.epochs, p.steps) for p in seen[0].phases]
 
 

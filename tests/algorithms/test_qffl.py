@@ -11,18 +11,10 @@ from fedexp.aggregators.median import median
 from fedexp.algorithms.fedavg import FedAvg
 from fedexp.algorithms.qffl import QFedAvg, QfflUpload, qffl_step
 from fedexp.core.types import ClientResult, ConfigError, RoundContext, ServerState
-from fedexp.engine.executors.sequential import SequentialExecutor
-from handworld import make_ctx, small_mlp
+from handworld import make_ctx, one_round, small_mlp
 
 FedAvg = with_yaml(FedAvg, "algorithm", "fedavg")
 QFedAvg = with_yaml(QFedAvg, "algorithm", "qffl")
-
-
-def one_round(algo, data):
-    state = algo.init_state()
-    ctx = RoundContext(1, (0, 1), 0)
-    results = SequentialExecutor().run(algo, algo.configure_round(state, ctx), ctx, data)
-    return state, results, algo.aggregate(state, results, ctx)[0]
 
 
 def test_server_step_on_hand_numbers():
@@ -47,16 +39,17 @@ def test_q_zero_is_the_uniform_mean_of_the_client_models():
 def test_q_zero_one_round_equals_uniform_fedavg(two_clients):
     # L = 1/lr = 2 is a power of two, so L (w - w_bar) / (2 L) is exactly the mean here
     avg = FedAvg(make_ctx(two_clients, factory=small_mlp, seed=3, lr=0.5), weighting="uniform")
-    _, _, expected = one_round(avg, two_clients)
+    _, _, expected, _ = one_round(avg, two_clients)
     q0 = QFedAvg(make_ctx(two_clients, factory=small_mlp, seed=3, lr=0.5), q=0.0)
-    _, _, got = one_round(q0, two_clients)
+    _, _, got, _ = one_round(q0, two_clients)
     torch.testing.assert_close(got.params, expected.params, rtol=0, atol=1e-7)
 
 
 def test_uploaded_loss_is_the_received_models_loss_before_training(two_clients):
     # zero weights: softmax = [1/2, 1/2] on every sample, so F_k = log 2 for both clients
     algo = QFedAvg(make_ctx(two_clients), q=1.0)
-    state, results, new = one_round(algo, two_clients)
+    state = algo.init_state()
+    _, results, new, _ = one_round(algo, two_clients, state=state)
     for r in results:
         assert isinstance(r.upload, QfflUpload)
         assert r.upload.loss.item() == pytest.approx(math.log(2), abs=1e-7)

@@ -16,13 +16,13 @@ from fedexp.algorithms.fedrep import FedRep
 from fedexp.algorithms.local import Local
 from fedexp.algorithms.scaffold import Scaffold
 from fedexp.attacks import NoAttack
-from fedexp.core.types import ConfigError, RoundContext
+from fedexp.core.types import ConfigError
 from fedexp.data.datasets import Dataset
 from fedexp.data.federated import FederatedData
 from fedexp.data.partition import Partition
 from fedexp.engine.executors.sequential import SequentialExecutor
 from fedexp.engine.orchestrator import Orchestrator
-from handworld import bn_mlp, make_ctx
+from handworld import bn_mlp, make_ctx, one_round
 
 FedAvg = with_yaml(FedAvg, "algorithm", "fedavg")
 FedProx = with_yaml(FedProx, "algorithm", "fedprox")
@@ -45,10 +45,9 @@ def unequal_pairs():
 
 
 def run_round(algo, data, state, t=1):
-    ctx = RoundContext(t, (0, 1), 0)
     algo.broadcast_stats(state)  # as the round loop does
-    results = SequentialExecutor().run(algo, algo.configure_round(state, ctx), ctx, data)
-    return results, algo.aggregate(state, results, ctx)[0]
+    _, results, new, _ = one_round(algo, data, state=state, round_idx=t)
+    return results, new
 
 
 def client_stats_by_hand(w, b, x, prior_mean, prior_var, prior_count):
@@ -154,9 +153,8 @@ def test_personal_models_keep_their_own_statistics(cls):
     for c in (0, 1):  # and each is the statistics of that client's own training
         algo2 = cls(make_ctx(data, factory=bn_mlp, batch_size=4))
         s2 = algo2.init_state()
-        ctx = RoundContext(1, (c,), 0)
         algo2.broadcast_stats(s2)
-        SequentialExecutor().run(algo2, algo2.configure_round(s2, ctx), ctx, data)
+        one_round(algo2, data, ids=(c,), state=s2, aggregate=False)
         torch.testing.assert_close(algo2.personal_model(s2, c).body[1].running_mean, means[c])
 
 

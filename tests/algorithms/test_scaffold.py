@@ -8,8 +8,7 @@ from fedexp.algorithms.fedavg import FedAvg
 from fedexp.algorithms.scaffold import Scaffold, ScaffoldPayload, ScaffoldUpload
 from fedexp.core.local import LocalTraining, PhaseTraining
 from fedexp.core.types import ClientResult, ConfigError, RoundContext, ServerState
-from fedexp.engine.executors.sequential import SequentialExecutor
-from handworld import make_ctx, small_mlp
+from handworld import make_ctx, one_round, small_mlp
 
 FedAvg = with_yaml(FedAvg, "algorithm", "fedavg")
 Scaffold = with_yaml(Scaffold, "algorithm", "scaffold")
@@ -19,18 +18,12 @@ D0 = torch.tensor([0.05, 0.1, -0.05, -0.1, 0.05, -0.05])
 D1 = torch.tensor([-0.1, 0.0, 0.1, 0.0, -0.05, 0.05])
 
 
-def run_round(algo, state, round_idx):
-    ctx = RoundContext(round_idx, (0, 1), 0)
-    results = SequentialExecutor().run(algo, algo.configure_round(state, ctx), ctx, algo.ctx.data)
-    return results, algo.aggregate(state, results, ctx)[0]
-
-
 def test_first_round_is_fedavg_and_control_variates_follow_option_two(two_clients):
     algo = Scaffold(make_ctx(two_clients))
-    results, new = run_round(algo, algo.init_state(), 1)
+    _, results, new, _ = one_round(algo)
     # c = c_i = 0: the same weights as FedAvg, bit for bit
     avg = FedAvg(make_ctx(two_clients))
-    assert torch.equal(new.params, run_round(avg, avg.init_state(), 1)[1].params)
+    assert torch.equal(new.params, one_round(avg)[2].params)
     assert torch.allclose(results[0].upload.delta, D0, atol=1e-7)
     assert torch.allclose(results[1].upload.delta, D1, atol=1e-7)
     # option II, K = 1, lr 0.1: c_i+ = 0 - 0 - (y_i - x) / 0.1 = -10 * delta
@@ -46,8 +39,8 @@ def test_first_round_is_fedavg_and_control_variates_follow_option_two(two_client
 def test_second_round_control_variate_is_the_gradient_at_x(two_clients):
     # one local step: y = x - lr (g(x) + c - c_i), so c_i+ = c_i - c + (x - y)/lr = g(x) exactly
     algo = Scaffold(make_ctx(two_clients))
-    _, state = run_round(algo, algo.init_state(), 1)
-    results, _ = run_round(algo, state, 2)
+    _, _, state, _ = one_round(algo)
+    _, results, _, _ = one_round(algo, state=state, round_idx=2)
     # x1: W = [[-.025, .05], [.025, -.05]], b = 0; client 0 (x=[1,2], y=0): logits +-0.075
     p1 = torch.sigmoid(torch.tensor(-0.15)).item()  # softmax mass on the wrong class
     g0 = torch.tensor([-p1, -2 * p1, p1, 2 * p1, -p1, p1])

@@ -1,7 +1,7 @@
 """Every preset composes with each of its paper's baselines in one shared setting, and each
 algorithm selected alone brings its paper's local training, which the command line still beats.
 
-Composition only (Hydra's compose API in this process); tests/smoke/test_preset_baselines_run.py
+Composition only (Hydra's compose API in this process); tests/config/test_preset_baselines_run.py
 runs them on tiny datasets written in the real on-disk formats.
 """
 

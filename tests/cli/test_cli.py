@@ -1,4 +1,4 @@
-"""Tiny end-to-end runs through the real CLI."""
+"""Tiny end-to-end runs through the CLI: its main in this process, and the interpreter once."""
 
 import json
 
@@ -11,7 +11,8 @@ SMOKE = ("debug=smoke",)
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedprox", "fedrep"])
-def test_every_spine_algorithm_runs(cli, algorithm):
+def test_every_spine_algorithm_runs(cli_in_process, algorithm):
+    cli = cli_in_process
     proc = cli(f"algorithm={algorithm}", *SMOKE)
     assert f"{algorithm} on digits" in proc.stdout  # the final table
     (summary,) = summaries(cli.cwd / "outputs")
@@ -26,20 +27,23 @@ def test_every_spine_algorithm_runs(cli, algorithm):
     assert stats[0].startswith("client,group,n_train,n_test,n_val,class_0") and len(stats) == 7
 
 
-def test_same_seed_gives_identical_metrics(cli):
+def test_same_seed_gives_identical_metrics(cli_in_process):
+    cli = cli_in_process
     cli(*SMOKE, "seed=5", "hydra.run.dir=a")
     cli(*SMOKE, "seed=5", "hydra.run.dir=b")
     a, b = (json.loads((cli.cwd / d / "summary.json").read_text()) for d in "ab")
     assert a["metrics"] == b["metrics"] and a["client_acc"] == b["client_acc"]
 
 
-def test_two_job_multirun(cli):
+def test_two_job_multirun(cli_in_process):
+    cli = cli_in_process
     cli("algorithm=fedavg,fedprox", *SMOKE, multirun=True)
     found = summaries(cli.cwd / "outputs" / "multirun")
     assert sorted(s["choices"]["algorithm"] for s in found) == ["fedavg", "fedprox"]
 
 
-def test_wandb_offline_run_holds_the_accuracy(cli):
+def test_wandb_offline_run_holds_the_accuracy(cli_in_process):
+    cli = cli_in_process
     proc = cli(*SMOKE, "logger=wandb", "hydra.run.dir=w")
     (run_file,) = (cli.cwd / "w" / "wandb").glob("offline-run-*/run-*.wandb")
     # one line says W&B is offline and gives the command that uploads the run
@@ -56,13 +60,15 @@ def test_wandb_offline_run_holds_the_accuracy(cli):
     )
 
 
-def test_wandb_failure_never_stops_the_run(cli):
+def test_wandb_failure_never_stops_the_run(cli_in_process):
+    cli = cli_in_process
     # an unknown mode makes wandb.init raise; the run must warn and finish
     cli(*SMOKE, "logger=wandb", "logger.wandb.mode=bogus", "hydra.run.dir=w")
     assert json.loads((cli.cwd / "w" / "summary.json").read_text())["status"] == "completed"
 
 
-def test_hydra_introspection_works(cli):
+def test_hydra_introspection_works(cli_in_process):
+    cli = cli_in_process
     proc = cli("--cfg", "job")
     assert "algorithm:" in proc.stdout and "fedexp.algorithms.fedavg.FedAvg" in proc.stdout
 
@@ -101,6 +107,7 @@ def test_bad_input_in_process_is_one_line_and_no_run_dir(
     assert not any(p.is_dir() for p in (tmp_path / "outputs" / "runs").glob("*/*"))
 
 
-def test_unknown_option_is_hydras_error(cli):
+def test_unknown_option_is_hydras_error(cli_in_process):
+    cli = cli_in_process
     proc = cli("algorithm=nope", check=False)
     assert proc.returncode != 0 and "nope" in proc.stderr

@@ -184,8 +184,8 @@ def run_dirs(root: Path) -> list[Path]:
 def test_parallel_jobs_survive_a_refused_job_and_a_live_run_keeps_its_dir(tmp_path):
     """Through real processes: joblib jobs, and a second writer while a run is going."""
     env = dict(os.environ, FEDEXP_CACHE_DIR=str(tmp_path / "c"), OMP_NUM_THREADS="1")
-    smoke = Path(__file__).resolve().parent
-    env["PYTHONPATH"] = os.pathsep.join([str(smoke.parents[1] / "src"), str(smoke)])
+    tests = Path(__file__).resolve().parents[1]
+    env["PYTHONPATH"] = os.pathsep.join([str(tests.parent / "src"), str(tests)])
     fedexp = [sys.executable, "-m", "fedexp", "debug=smoke"]
     run = dict(cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     sweep = ["hydra/launcher=parallel", "client.lr=0.05,-1", "hydra.sweep.dir=sweep"]

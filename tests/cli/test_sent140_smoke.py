@@ -7,7 +7,8 @@ import csv
 from conftest import run_dirs, summaries
 
 
-def test_fedavg_sent140_lstm_cli(cli):
+def test_fedavg_sent140_lstm_cli(cli_in_process):
+    cli = cli_in_process
     data = cli.cwd / "sent140"
     data.mkdir()
     with open(data / "training.1600000.processed.noemoticon.csv", "w", encoding="latin-1") as fh:

@@ -1,14 +1,13 @@
 """The newer baselines run in one preset of each paper, in that preset's shared setting.
 
-Composition only, one preset per paper (tests/unit/test_presets_baselines.py composes every
+Composition only, one preset per paper (tests/config/test_presets_baselines.py composes every
 preset with the paper's own baselines); the paper's config names the command that runs them.
 """
 
 from __future__ import annotations
 
 import pytest
-
-from unit.test_presets_baselines import CONF, SHARED, load, target
+from tests.config.test_presets_baselines import CONF, SHARED, load, target
 
 # paper: (a preset of it, the newer baselines its paper config lists)
 NEW = {

@@ -3,7 +3,7 @@
 The tiny datasets are written in their real on-disk formats (CIFAR pickles, MNIST IDX, LEAF
 FEMNIST JSON, the Sentiment140 CSV). One Hydra multirun per preset runs its methods; the
 networks are narrowed (same layers, fewer channels) to keep each run to a second or two.
-tests/unit/test_presets_baselines.py composes every preset with every baseline.
+tests/config/test_presets_baselines.py composes every preset with every baseline.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import main_in_process, write_sent140_csv
-from unit.test_datasets import write_cifar100, write_leaf_femnist, write_mnist
+from datafiles import write_cifar100, write_leaf_femnist, write_mnist
 
 REPO = Path(__file__).resolve().parents[2]
 NARROW = {  # same architecture, fewer units

@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 from tests.conftest import smoke_experiment
-from tests.unit.test_hub_dataset import load_hf
+from tests.data.test_hub_dataset import load_hf
 
 from components import with_yaml
 from datafiles import leaf_blob

@@ -1,4 +1,4 @@
-"""FedHeNN through the real CLI at tiny size."""
+"""FedHeNN through the CLI's main (in this process) at tiny size."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from conftest import summaries, write_sent140_csv
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # tiny models on a shared machine
 
 
-def test_heterogeneous_run_where_all_five_architectures_occur(cli):
+def test_heterogeneous_run_where_all_five_architectures_occur(cli_in_process):
+    cli = cli_in_process
     # seed 1 gives clients 0..7 the architectures 2 0 0 4 1 0 2 3: all five, all trained
     cli(
         "algorithm=fedhenn",
@@ -28,7 +29,8 @@ def test_heterogeneous_run_where_all_five_architectures_occur(cli):
     assert metrics["comm/up_bits_total"] > 0 and metrics["fedhenn/eta"] > 0
 
 
-def test_heterogeneous_sent140_draws_both_lstm_depths(cli):
+def test_heterogeneous_sent140_draws_both_lstm_depths(cli_in_process):
+    cli = cli_in_process
     data = write_sent140_csv(cli.cwd / "sent140", users=6, per_user=10)
     cli(
         "algorithm=fedhenn",
@@ -53,7 +55,8 @@ def test_heterogeneous_sent140_draws_both_lstm_depths(cli):
     assert summary["metrics"]["comm/up_bits_total"] > 0
 
 
-def test_default_family_auto_picks_the_lstm_family_for_text(cli):
+def test_default_family_auto_picks_the_lstm_family_for_text(cli_in_process):
+    cli = cli_in_process
     data = write_sent140_csv(cli.cwd / "sent140", users=6, per_user=10)
     cli(
         "algorithm=fedhenn",

@@ -21,7 +21,7 @@ from fedexp.algorithms.fedprox import FedProx
 from fedexp.algorithms.fedrep import FedRep
 from fedexp.core import client as client_module
 from fedexp.core.client import ClientModule
-from fedexp.core.types import ConfigError, RoundContext
+from fedexp.core.types import ConfigError
 from fedexp.core.user_module import factory_arguments
 from fedexp.data.datasets import Dataset
 from fedexp.data.federated import FederatedData
@@ -30,7 +30,7 @@ from fedexp.engine.executors.sequential import SequentialExecutor
 from fedexp.engine.executors.vectorized import VectorizedExecutor
 from fedexp.engine.orchestrator import logged_means
 from fedexp.models.mlp import mlp
-from handworld import client_cfg, make_ctx
+from handworld import client_cfg, make_ctx, one_round
 from lightning_docs_model import LitBodyHead, LitModel
 
 FedAvg = with_yaml(FedAvg, "algorithm", "fedavg")
@@ -67,17 +67,12 @@ def sized_clients(sizes=(5, 3)) -> FederatedData:
     return FederatedData(ds, Partition(train, train), torch.device("cpu"))
 
 
-def one_round(algo, data, executor):
-    state = algo.init_state()
-    ctx = RoundContext(1, (0, 1), 0)
-    return executor.run(algo, algo.configure_round(state, ctx), ctx, data)
-
-
 @pytest.mark.parametrize("executor", [SequentialExecutor(), VectorizedExecutor(None)])
 def test_logged_values_are_each_clients_mean_over_its_steps(executor):
     # clients of 5 and 3 samples, batches of 2: steps of 2, 2, 1 and of 2, 1 real samples
     data = sized_clients()
-    results = one_round(FedAvg(make_ctx(data, factory=Counting, batch_size=2)), data, executor)
+    algo = FedAvg(make_ctx(data, factory=Counting, batch_size=2))
+    results = one_round(algo, data, executor=executor, aggregate=False)[1]
     assert [r.num_steps for r in results] == [3, 2]
     assert [float(r.logged["n"]) for r in results] == pytest.approx([5 / 3, 3 / 2])
     assert [float(r.logged["one"]) for r in results] == [1.0, 1.0]
@@ -96,7 +91,7 @@ def test_fedprox_adds_its_term_around_the_users_loss():
         ctx = make_ctx(data, factory=Counting, batch_size=2, seed=3)
         algo = FedAvg(ctx) if mu is None else FedProx(ctx, mu=mu)
         assert algo.shared(algo.module.model) == list(algo.module.model.parameters())
-        runs[mu] = one_round(algo, data, SequentialExecutor())
+        runs[mu] = one_round(algo, data, aggregate=False)[1]
     for avg, prox0 in zip(runs[None], runs[0.0]):  # mu = 0 is FedAvg exactly
         assert torch.equal(avg.upload.values, prox0.upload.values)
         assert torch.equal(avg.logged["loss_again"], prox0.logged["loss_again"])
@@ -199,7 +194,7 @@ def test_plain_and_lightning_client_modules_train_bit_identically(monkeypatch, e
             algo = make(make_ctx(data, factory=factory, batch_size=2, seed=3))
             assert isinstance(algo.module, L.LightningModule) is in_play
             assert isinstance(algo.module, ClientModule)
-            uploads[in_play, name] = one_round(algo, data, executor)
+            uploads[in_play, name] = one_round(algo, data, executor=executor, aggregate=False)[1]
     for name in algorithms:
         for a, b in zip(uploads[True, name], uploads[False, name]):
             assert torch.equal(a.upload.values, b.upload.values) and a.train_loss == b.train_loss

@@ -5,7 +5,7 @@ import pytest
 from conftest import summaries
 
 
-@pytest.mark.slow  # a CLI run; the loader is covered by tests/unit/test_mnist1d.py
+@pytest.mark.slow  # a CLI run; the loader is covered by tests/data/test_mnist1d.py
 def test_mnist1d_smoke_run_writes_its_summary_and_cache(cli):
     proc = cli("dataset=mnist1d", "dataset.num_samples=600", "debug=smoke")
     assert "fedavg on mnist1d" in proc.stdout  # the final table

@@ -251,7 +251,7 @@ def test_sigkill_mid_run_then_resume_gives_the_same_final_metrics(cli, lifecycle
     cli(*overrides, "hydra.run.dir=ref", env=one_thread)
     env = dict(os.environ, WANDB_MODE="offline", FEDEXP_CACHE_DIR=str(cli.cwd / "cache"))
     env.update(one_thread)
-    env["PYTHONPATH"] = os.pathsep.join([str(lifecycle.repo / "src"), str(lifecycle.smoke_dir)])
+    env["PYTHONPATH"] = os.pathsep.join([str(lifecycle.repo / "src"), str(lifecycle.tests_dir)])
     slow = ["attack._target_=slow_attack.SleepEachRound", "+attack.seconds=0.4"]
     args = [sys.executable, "-m", "fedexp", *overrides, *slow, "hydra.run.dir=killed"]
     proc = subprocess.Popen(args, cwd=cli.cwd, env=env, stdout=subprocess.DEVNULL)
