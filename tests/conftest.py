@@ -290,13 +290,20 @@ def _sources(item) -> str:
 
 
 def pytest_collection_modifyitems(config, items):
+    order = {}
     for item in items:
         text = _sources(item)
+        starts_a_process = any(word in text for word in CLI_WORDS)
         in_cli = TESTS / "cli" in Path(item.path).parents or "cli" in item.fixturenames
-        if in_cli or any(word in text for word in CLI_WORDS):
+        if in_cli or starts_a_process:
             item.add_marker(pytest.mark.cli)
-        if any(word in text for word in EXPERIMENT_WORDS):
+        runs = any(word in text for word in EXPERIMENT_WORDS)
+        if runs:
             item.add_marker(pytest.mark.experiment)
+        order[id(item)] = 0 if starts_a_process or "cli" in item.fixturenames else 1 if runs else 2
+    # the longest tests first (those that start a process, then whole runs): the workers of
+    # `pytest -n 2` then end on short tests together instead of one waiting for the other
+    items.sort(key=lambda item: order[id(item)])
 
 
 # Tiny models run fastest on one thread, and a loaded machine makes torch's thread pool thrash.
