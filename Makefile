@@ -29,7 +29,7 @@ run: install  ## run the default experiment (FedAvg on the embedded digits data)
 test: install  ## the fast test suite (unit, algorithm checks, smoke runs), on 2 workers
 	WANDB_MODE=offline $(BIN)/python -m pytest -n 2 --dist worksteal
 
-test-fast: install  ## the edit-test loop: no process started, no whole experiment (~1 min)
+test-fast: install  ## the edit-test loop: no process started, no whole experiment (~2 min)
 	WANDB_MODE=offline $(BIN)/python -m pytest -n 2 -m "not slow and not cli and not experiment"
 
 test-full: install  ## every test, slow ones included
