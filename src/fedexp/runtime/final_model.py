@@ -39,8 +39,8 @@ FORMAT = 1
 
 
 def module_attrs(model: nn.Module) -> dict[str, dict[str, Any]]:
-    """The tensor attributes of `model`'s submodules (`personal_eval.tensor_attrs`: per-model
-    inputs such as factor masks), copied: submodule name -> {attribute: value}."""
+    """The tensor attributes of `model`'s submodules (`client_store.tensor_attrs`: per-model inputs
+    such as factor masks), copied: submodule name -> {attribute: value}."""
     return {
         name: {k: tree_map(_clone, vars(sub)[k]) for k in keys}
         for name, (sub, keys) in tensor_attrs(model).items()
