@@ -5,6 +5,9 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 CLAIMS_JOBS ?= 2
 export WANDB_SILENT := true
+# bytecode caches are written (into the ignored __pycache__ dirs): without them every test worker
+# and every CLI run compiles fedexp and rewrites the test modules again
+unexport PYTHONDONTWRITEBYTECODE
 
 .DEFAULT_GOAL := help
 .PHONY: help install run test test-fast test-full smoke bench claims claims-paper lint format clean

@@ -259,10 +259,27 @@ EXPERIMENT_WORDS = (
 )
 
 
+_SOURCE: dict[int, tuple[str, tuple[str, ...]]] = {}  # id(func) -> (source, names it calls)
+_IN_TESTS: dict[int, bool] = {}
+
+
 def _in_tests(func) -> bool:
-    with contextlib.suppress(TypeError):
-        return TESTS in Path(inspect.getsourcefile(func) or "/").resolve().parents
-    return False
+    if id(func) not in _IN_TESTS:
+        found = False
+        with contextlib.suppress(TypeError):
+            found = TESTS in Path(inspect.getsourcefile(func) or "/").resolve().parents
+        _IN_TESTS[id(func)] = found
+    return _IN_TESTS[id(func)]
+
+
+def _source(func) -> tuple[str, tuple[str, ...]]:
+    """(the source of `func`, the names it calls), read once per function; ("", ()) without one."""
+    if id(func) not in _SOURCE:
+        text = ""
+        with contextlib.suppress(TypeError, OSError):  # a builtin, or no source file
+            text = inspect.getsource(func)
+        _SOURCE[id(func)] = (text, tuple(dict.fromkeys(re.findall(r"\b(\w+)\(", text))))
+    return _SOURCE[id(func)]
 
 
 def _sources(item) -> str:
@@ -279,13 +296,12 @@ def _sources(item) -> str:
         if id(func) in seen:
             continue
         seen.add(id(func))
-        with contextlib.suppress(TypeError, OSError):  # a builtin, or no source file
-            text = inspect.getsource(func)
-            texts.append(text)
-            for name in re.findall(r"\b(\w+)\(", text):
-                called = getattr(module, name, None)
-                if inspect.isfunction(called) and _in_tests(called):
-                    funcs.append(called)
+        text, names = _source(func)
+        texts.append(text)
+        for name in names:
+            called = getattr(module, name, None)
+            if inspect.isfunction(called) and _in_tests(called):
+                funcs.append(called)
     return "\n".join(texts)
 
 
