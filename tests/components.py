@@ -12,6 +12,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from fedexp.config.build import accepted_options
+
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
@@ -33,22 +35,6 @@ def yaml_options(group: str, option: str, **overrides) -> dict:
     return options
 
 
-def _accepted(target) -> tuple[set[str], bool]:
-    """Keyword names `target` takes (a class: its `__init__` chain through `**kwargs`)."""
-    if inspect.isclass(target):
-        fns = [vars(k)["__init__"] for k in target.__mro__ if "__init__" in vars(k)]
-        fns = [f for f in fns if f is not object.__init__]
-    else:
-        fns = [target]
-    names: set[str] = set()
-    for fn in fns:
-        params = inspect.signature(fn).parameters.values()
-        names |= {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-        if not any(p.kind is p.VAR_KEYWORD and p.name != "_" for p in params):
-            return names, True
-    return names, False
-
-
 def with_yaml(target, group: str, option: str, **fixed):
     """`target` with the values of `conf/<group>/<option>.yaml` (and `fixed`) as defaults: a call
     passes what it names, positionally or by keyword, and the YAML gives the rest."""
@@ -57,7 +43,7 @@ def with_yaml(target, group: str, option: str, **fixed):
         for k, v in yaml_options(group, option, **fixed).items()
         if not (isinstance(v, str) and "${" in v)  # a run-time interpolation: the call's
     }
-    names, _ = _accepted(target)
+    names, _ = accepted_options(target)
     options = {k: v for k, v in options.items() if k in names}
     signature = inspect.signature(target)
 

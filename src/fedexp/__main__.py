@@ -168,7 +168,10 @@ def _execute(
     spills: list[Path],
 ) -> float | None:
     try:
-        check_scalars(cfg)  # before torch is imported: a bad value is refused in a moment
+        from fedexp.config.values import check_config_values
+
+        # before torch is imported: the config as values, refused in a moment when bad
+        check_config_values(cfg)
         spills += [d for d in [own_spill_dir(cfg, run_dir)] if d is not None]
         from fedexp.run import Experiment
         from fedexp.run.callbacks import build_callbacks, config_loggers
@@ -243,15 +246,6 @@ def _execute(
             "objective %s is not among the final metrics", summary.objective.name
         )
     return summary.objective.value
-
-
-def check_scalars(cfg: DictConfig) -> None:
-    """The config as values, checked without torch (`fedexp.config.values`): it resolves,
-    has the keys a run needs, the run scalars' types and ranges, finite numbers everywhere and
-    directories that can be; the components' options are checked when they are built."""
-    from fedexp.config.values import check_config_values
-
-    check_config_values(cfg)
 
 
 def record_error(

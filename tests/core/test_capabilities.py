@@ -101,3 +101,27 @@ def test_declared_state_that_client_begin_did_not_set_is_refused():
     module.anchor = torch.ones(2)
     module.other = torch.zeros(2)  # not declared: not carried
     assert list(client_attrs(module)) == ["anchor"]
+
+
+def test_an_algorithm_that_says_it_cannot_be_vectorized_trains_sequentially_under_auto():
+    from components import with_yaml
+    from fedexp.algorithms.fedavg import FedAvg
+    from fedexp.core.types import ConfigError
+    from fedexp.engine.executors.select import AutoExecutor
+    from fedexp.engine.executors.sequential import SequentialExecutor
+    from fedexp.engine.executors.vectorized import VectorizedExecutor
+    from handworld import make_ctx, two_client_data
+
+    class Unvectorizable(FedAvg):
+        vectorizable = False
+
+    Unvectorizable = with_yaml(Unvectorizable, "algorithm", "fedavg")
+    data = two_client_data()
+    with pytest.raises(ConfigError, match="Unvectorizable cannot be vectorized"):
+        VectorizedExecutor(None).check_algorithm(Unvectorizable(make_ctx(data)), 2)
+    able = with_yaml(FedAvg, "algorithm", "fedavg")(make_ctx(data))  # the same, declared able
+    VectorizedExecutor(None).check_algorithm(able, 2)
+    auto = AutoExecutor("cuda", None)  # would vectorize: training on CUDA
+    assert isinstance(auto.inner, VectorizedExecutor)
+    auto.check_algorithm(Unvectorizable(make_ctx(data)), 2)
+    assert isinstance(auto.inner, SequentialExecutor)

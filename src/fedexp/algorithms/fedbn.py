@@ -42,8 +42,6 @@ class FedBN(FedAvg):
         super().__init__(ctx, **fedavg_kwargs)
         # without BN layers the averaged model is the whole model: FedAvg's global model
         self.has_global_model = not bn_layers(self.eval_model)
-        # each client's BatchNorm running statistics cannot be carried through vmap
-        self.vectorizable = self.has_global_model
 
     # ---- what travels and what stays -----------------------------------------------------------
     def shared(self, model: nn.Module) -> list[nn.Parameter]:
