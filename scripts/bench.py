@@ -8,6 +8,8 @@
                                                      # idle and under a background load
     python scripts/bench.py --workload startup       # --help, --cfg job, completion, a config
                                                      # error, a run's first round vs torch
+    python scripts/bench.py --workload dispatch      # torch ops the host issues per round as
+                                                     # the cohort grows, per algorithm
     python scripts/bench.py --workload scale         # setup, round, evaluation and memory at
                                                      # 1 000, 10 000 and 100 000 clients
 
@@ -103,8 +105,11 @@ def random_images(
     )
 
 
-def fedexp_config(w: Workload, executor: str, device: str, cache_dir: str, threads="auto"):
-    """The run's config, composed by Hydra from conf/ exactly as the CLI would."""
+def fedexp_config(
+    w: Workload, executor: str, device: str, cache_dir: str, threads="auto", extra=()
+):
+    """The run's config, composed by Hydra from conf/ exactly as the CLI would; `extra`
+    overrides follow the workload's (an algorithm and its settings)."""
     overrides = [
         f"threads={threads}",
         f"model={w.model}",
@@ -122,6 +127,7 @@ def fedexp_config(w: Workload, executor: str, device: str, cache_dir: str, threa
     ]
     if w.samples_per_client is not None:
         overrides.append("partition=iid")
+    overrides.extend(extra)
     with initialize_config_dir(config_dir=find_conf(), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
     if w.samples_per_client is not None:
@@ -348,7 +354,9 @@ def report(r: dict, executors: list[str]) -> None:
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--workload", default="all", choices=["all", "threads", "startup", "scale", *WORKLOADS]
+        "--workload",
+        default="all",
+        choices=["all", "threads", "startup", "scale", "dispatch", *WORKLOADS],
     )
     parser.add_argument("--full", action="store_true", help="the full size named in issue 7")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -374,6 +382,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         from bench_threads import bench_threads
 
         return bench_threads(args.reps, args.json)
+    if args.workload == "dispatch":
+        from bench_dispatch import bench_dispatch
+
+        return bench_dispatch(json_path=args.json)
     if args.workload == "scale":
         from bench_scale import bench_scale
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -18,8 +19,6 @@ from fedexp.engine.executors.sequential import SequentialExecutor
 from fedexp.engine.executors.vectorized import (
     VectorizedExecutor,
     _check_vmappable,
-    _ClientRun,
-    _PhasePlan,
     _schedule,
 )
 from fedexp.engine.stacking import split_attrs
@@ -88,18 +87,15 @@ def test_vectorized_matches_sequential(tmp_path, algorithm):
 
 def test_schedule_pads_short_batches_and_masks_finished_clients():
     # client 0: 5 samples -> batches [3], [2]; client 1: 2 samples -> one batch, then idle
-    orders = [torch.tensor([4, 0, 2, 1, 3])], [torch.tensor([1, 0])]
-    runs = [
-        _ClientRun(c, None, None, None, torch.zeros(n), {}, [_PhasePlan("all", (), s, o)], [])
-        for c, (n, s, o) in enumerate([(5, 2, orders[0]), (2, 1, orders[1])])
-    ]
-    idx, valid, active = _schedule(runs, 0, offsets=[0, 5], batch_size=3)
+    orders = [[np.array([4, 0, 2, 1, 3])], [np.array([1, 0])]]
+    idx, valid, active, everyone = _schedule(orders, [5, 2], 3, torch.device("cpu"))
     assert idx.tolist() == [[[4, 0, 2], [1, 3, 0]], [[6, 5, 5], [6, 5, 5]]]
     assert valid.tolist() == [
         [[True, True, True], [True, True, False]],
         [[True, True, False], [True, True, False]],
     ]
     assert active.tolist() == [[True, True], [True, False]]
+    assert everyone == [True, False]  # on the host: no device sync per step
 
 
 def test_padded_labels_leave_the_gradient_of_the_real_batch():

@@ -22,8 +22,9 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-from fedexp.core.algorithm import Algorithm, BuildContext, flat_params, load_flat
+from fedexp.core.algorithm import Algorithm, BuildContext, flat_params, load_flat, named_views
 from fedexp.core.client import ClientModule
+from fedexp.core.cohort import CohortStart, CohortTraining, is_cohort, result_samples
 from fedexp.core.local import LocalTraining
 from fedexp.core.running_stats import flat_stats, load_stats, norm_layers, running_buffers
 from fedexp.core.seeding import INIT, derive_seed
@@ -112,6 +113,8 @@ class FedAvg(Algorithm):
     ) -> ServerState:
         """`state` with its running statistics replaced by the clients' weighted mean (the
         clients' weights p_k). Every `aggregate` of this family ends with it."""
+        if is_cohort(results):  # trained at once: no running statistics travel
+            return state
         stats = [r.stats for r in results]
         if not stats or any(s is None for s in stats):
             return state
@@ -126,10 +129,12 @@ class FedAvg(Algorithm):
     def client_weights(self, results: Sequence[ClientResult]) -> torch.Tensor:
         if self.weighting == "uniform":
             return torch.ones(len(results), device=self.device)
-        return torch.tensor([float(r.num_samples) for r in results], device=self.device)
+        return torch.tensor([float(n) for n in result_samples(results)], device=self.device)
 
     def stack_uploads(self, results: Sequence[ClientResult]) -> torch.Tensor:
         """The round's uploads as dense rows [n, d] for the aggregator."""
+        if is_cohort(results):
+            return results.upload.vector
         return torch.stack([r.upload.vector for r in results])
 
     def aggregate(
@@ -155,6 +160,57 @@ class FedAvg(Algorithm):
         load_flat(self.shared(module.model), payload.vector)
         # the global statistics, not those the previous client left in the resident module
         self.load_stats(module.model, self.__dict__.get("_round_stats"))
+
+    # ---- the cohort at once (the vectorized executor) -------------------------------------------
+    def batched_hooks(self, owner: type) -> bool:
+        """Whether this class's `client_begin`/`client_end` are `owner`'s, whose batched forms
+        `cohort_begin`/`cohort_end` are: a subclass that changes them trains client by client
+        until it gives its own batched forms."""
+        cls = type(self)
+        return cls.client_begin is owner.client_begin and cls.client_end is owner.client_end
+
+    def cohort_begin(
+        self, module: ClientModule, client_ids: Sequence[int], payloads: Sequence[Message]
+    ) -> CohortStart | None:
+        if not self.batched_hooks(FedAvg) or self.__dict__.get("_round_stats") is not None:
+            return None
+        return CohortStart(self.cohort_params(module, payloads))
+
+    def cohort_params(
+        self, module: ClientModule, payloads: Sequence[Message], own=None
+    ) -> dict[str, torch.Tensor]:
+        """Every client's starting parameters and buffers [C, ...] by name: the payloads'
+        weights for the shared parameters; `own` (name -> [C, ...]) for those kept on the
+        clients; the module's for the rest (as the resident module holds them)."""
+        model, count = module.model, len(payloads)
+        vector = payload_rows(payloads)
+        shared = self.shared(model)
+        names = {id(p): n for n, p in module.named_parameters()}
+        out = {}
+        if vector.dim() == 1:  # one broadcast for every client
+            for p, piece in zip(shared, vector.split([p.numel() for p in shared])):
+                out[names[id(p)]] = piece.view(p.shape).expand(count, *p.shape)
+        else:
+            out.update({f"model.{n}": v for n, v in named_views(vector, model, shared).items()})
+        out.update(own or {})
+        for n, t in [*module.named_parameters(), *module.named_buffers()]:
+            if n not in out:
+                out[n] = t.detach().expand(count, *t.shape)
+        return out
+
+    def cohort_end(
+        self,
+        module: ClientModule,
+        payloads: Sequence[Message],
+        params: Mapping[str, torch.Tensor],
+        training: CohortTraining,
+    ) -> Message:
+        return Weights(self.cohort_flat(module, params) - payload_rows(payloads))
+
+    def cohort_flat(self, module: ClientModule, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The shared parameters of every client, flat [C, d] (`flat_params` per row)."""
+        names = {id(p): n for n, p in module.named_parameters()}
+        return torch.cat([params[names[id(p)]].flatten(1) for p in self.shared(module.model)], 1)
 
     def client_stats(self, module: ClientModule) -> torch.Tensor | None:
         return flat_stats(self.stat_buffers(module.model))
@@ -189,3 +245,11 @@ class FedAvg(Algorithm):
         if stats is not None:
             out["params/running_stats_per_client"] = stats.numel()
         return out
+
+
+def payload_rows(payloads: Sequence[Message]) -> torch.Tensor:
+    """The payloads' weights: one vector [d] where every client got the same, else [C, d]."""
+    first = payloads[0].vector
+    if all(p.vector is first for p in payloads):
+        return first
+    return torch.stack([p.vector for p in payloads])

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from fedexp.core.cohort import is_cohort
 from fedexp.core.seeding import derive_seed
 from fedexp.core.types import (
     ClientResult,
@@ -86,8 +87,8 @@ class NoAttack:
         """The data clients train on (data-poisoning attacks return a poisoned view)."""
         return data
 
-    def apply(self, results: Sequence[ClientResult], ctx: RoundContext) -> list[ClientResult]:
-        return list(results)
+    def apply(self, results: Sequence[ClientResult], ctx: RoundContext) -> Sequence[ClientResult]:
+        return results if is_cohort(results) else list(results)
 
     def round_metrics(self, results: Sequence[ClientResult]) -> dict[str, float]:
         """`attack/*` metrics of the round (after `apply`), logged next to the accuracy."""
@@ -150,11 +151,12 @@ class Attack(NoAttack):
             f"{getattr(upload, '__name__', 'an undeclared type')} ({carried}; it corrupts {wanted})"
         )
 
-    def apply(self, results: Sequence[ClientResult], ctx: RoundContext) -> list[ClientResult]:
-        out = list(results)
-        positions = [i for i, r in enumerate(out) if r.client_id in self.malicious]
+    def apply(self, results: Sequence[ClientResult], ctx: RoundContext) -> Sequence[ClientResult]:
+        ids = results.client_ids if is_cohort(results) else [r.client_id for r in results]
+        positions = [i for i, cid in enumerate(ids) if cid in self.malicious]
         if not positions:
-            return out
+            return results if is_cohort(results) else list(results)
+        out = list(results)
         uploads = self.corrupt(out, positions, ctx)
         for i, upload in zip(positions, uploads):
             out[i] = dataclasses.replace(out[i], upload=upload, malicious=True)

@@ -14,6 +14,7 @@ from torch import nn
 
 from fedexp.core.client import ClientModule
 from fedexp.core.client_store import ClientStore
+from fedexp.core.cohort import CohortStart, CohortTraining
 from fedexp.core.local import ClientConfig, LocalTraining
 from fedexp.core.types import ClientResult, Message, RoundContext, ServerState
 
@@ -109,6 +110,31 @@ class Algorithm:
     ) -> Message:
         """Store what stays on the client; return what is uploaded. `training` is what local
         training did (SCAFFOLD-like control variates need its `steps` and `lr`)."""
+        raise NotImplementedError
+
+    # ---- the whole cohort at once (`fedexp.core.cohort`; the vectorized executor) --------------
+    def cohort_begin(
+        self, module: ClientModule, client_ids: Sequence[int], payloads: Sequence[Message]
+    ) -> CohortStart | None:
+        """The batched `client_begin` of a round's cohort, all training `module`: every
+        client's starting parameters and per-client inputs, stacked in `client_ids` order.
+        None (the default): the executor calls `client_begin` once per client. An algorithm
+        that returns a start implements `cohort_end` too, and its `client_begin` must not draw
+        from torch's global RNG or the client's generator (the batched form is called once,
+        before any client's generator is drawn from)."""
+        return None
+
+    def cohort_end(
+        self,
+        module: ClientModule,
+        payloads: Sequence[Message],
+        params: Mapping[str, torch.Tensor],
+        training: CohortTraining,
+    ) -> Message:
+        """The batched `client_end`: store what stays on the clients from their trained
+        parameters and buffers `params` (name -> [C, *shape]); return the cohort's uploads as
+        one message whose tensor fields are stacked [C, ...] (`fedexp.core.cohort.unstack`
+        gives a client's, equal to what `client_end` returns)."""
         raise NotImplementedError
 
     # ---- running statistics (`fedexp.core.running_stats`) -------------------------------------

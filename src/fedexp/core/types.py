@@ -132,4 +132,7 @@ class ServerState:
 
 def malicious_count(results: Sequence[ClientResult]) -> int:
     """How many of the round's uploads an attack corrupted (it flags them `malicious`)."""
+    flagged = getattr(results, "malicious_total", None)  # a cohort's results: none flagged
+    if flagged is not None:
+        return flagged
     return sum(r.malicious for r in results)

@@ -93,6 +93,16 @@ class FederatedData:
         offsets = self._splits["train"][1]
         return int(offsets[client_id + 1] - offsets[client_id])
 
+    def train_many(self, client_ids) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """The training samples of `client_ids`, client after client (as `train` gives each),
+        gathered at once: (x, y, each client's count)."""
+        flat = np.asarray(self.partition.train.flat)
+        offsets = self._splits["train"][1]
+        pos = np.concatenate([flat[offsets[c] : offsets[c + 1]] for c in client_ids])
+        idx = torch.as_tensor(pos, device=self.device)
+        sizes = [int(offsets[c + 1] - offsets[c]) for c in client_ids]
+        return self.x[idx], self.y[idx], sizes
+
     def train(self, client_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         idx = self._slice("train", client_id)
         return self.x[idx], self.y[idx]

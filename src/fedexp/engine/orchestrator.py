@@ -12,6 +12,7 @@ import torch
 
 from fedexp.core.algorithm import Algorithm
 from fedexp.core.callbacks import Callback, RoundReport, frozen
+from fedexp.core.cohort import is_cohort, result_losses
 from fedexp.core.running_stats import stats_bits
 from fedexp.core.seeding import sample_clients
 from fedexp.core.types import Diverged, RoundContext, ServerState, malicious_count
@@ -19,9 +20,18 @@ from fedexp.engine.eval.evaluate import evaluate
 from fedexp.engine.executors.sequential import train_aside
 
 
+def upload_bits(results: Sequence) -> int:
+    """Bits the round's clients uploaded: their messages and running statistics."""
+    if is_cohort(results):
+        return results.upload_bits()
+    return sum(r.upload.num_bits() + stats_bits(r.stats) for r in results)
+
+
 def logged_means(results: Sequence) -> dict[str, float]:
     """`client/<name>` for each name the clients' steps logged: the mean over the clients that
     logged it of each one's mean over its steps."""
+    if is_cohort(results):
+        return {f"client/{k}": float(v) for k, v in results.logged_means().items()}
     names = dict.fromkeys(name for r in results for name in r.logged)
     return {
         f"client/{name}": float(
@@ -87,20 +97,19 @@ class Orchestrator:
         results = self.attack.apply(results, dataclasses.replace(ctx, train_aside=aside))
         # the aggregation is told how many uploads the attack corrupted (it flags them)
         ctx = dataclasses.replace(ctx, num_malicious=malicious_count(results))
-        losses = torch.stack([torch.as_tensor(r.train_loss) for r in results])
-        train_loss = float(losses.mean())
+        train_loss = float(result_losses(results).mean())
         if not math.isfinite(train_loss):
             raise Diverged(t, "non-finite training loss")
         state, metrics = self.algorithm.aggregate(state, results, ctx)
         if not self.algorithm.state_is_finite(state):
             raise Diverged(t, "non-finite global model")
-        up = sum(r.upload.num_bits() + stats_bits(r.stats) for r in results)
+        up = upload_bits(results)
         down = sum(payloads[c].num_bits() for c in ids) + len(ids) * stats_bits(stats)
         self.totals["comm/up_bits_total"] += up
         self.totals["comm/down_bits_total"] += down
         elapsed = time.perf_counter() - start
         self.train_seconds += elapsed
-        steps = sum(r.num_steps for r in results)
+        steps = sum(results.num_steps if is_cohort(results) else (r.num_steps for r in results))
         metrics = {
             "round": t,
             "train/loss": train_loss,

@@ -34,17 +34,21 @@ SGD/Adam (`functional_optim`) keeps one optimizer state per client. What a modul
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
+from torch.utils._pytree import tree_map
 
 from fedexp.core.algorithm import Algorithm
 from fedexp.core.client import ClientModule
 from fedexp.core.client_loop import begin_client, client_streams, finish_client
+from fedexp.core.cohort import CohortResults, CohortTraining
 from fedexp.core.local import LocalTraining, PhaseTraining, optimizer_lrs
 from fedexp.core.seeding import CLIENT, derive_seed, seed_global_rng
 from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext
@@ -130,8 +134,11 @@ class VectorizedExecutor:
 
     def run(
         self, algorithm: Algorithm, payloads: Mapping[int, Message], ctx: RoundContext, data
-    ) -> list[ClientResult]:
+    ) -> Sequence[ClientResult]:
         batch_size = algorithm.ctx.client.batch_size
+        cohort = self._run_cohort(algorithm, payloads, ctx, data, batch_size)
+        if cohort is not None:
+            return cohort
         runs = [
             self._begin(algorithm, cid, payloads[cid], ctx, data, batch_size)
             for cid in ctx.client_ids
@@ -168,6 +175,96 @@ class VectorizedExecutor:
             )
         return results
 
+    # ---- the whole cohort at once (`Algorithm.cohort_begin` / `cohort_end`) -------------------
+    def _run_cohort(
+        self, algorithm: Algorithm, payloads, ctx: RoundContext, data, batch_size: int
+    ) -> CohortResults | None:
+        """The round's cohort begun, trained and ended as stacked tensors, where the algorithm
+        has the batched hooks and every client trains the same module; else None."""
+        ids = list(ctx.client_ids)
+        if not ids or data.batch_transform is not None:
+            return None  # augmentation draws from each client's stream, step by step
+        module = algorithm.client_module(ids[0])
+        if any(algorithm.client_module(c) is not module for c in ids[1:]):
+            return None
+        messages = [payloads[c] for c in ids]
+        start = algorithm.cohort_begin(module, ids, messages)
+        if start is None:
+            return None
+        _check_vmappable(module)
+        module.train()
+        names = {id(p): n for n, p in module.named_parameters()}
+        plans: list[tuple[str, tuple[str, ...], int, dict]] = []  # name, params, epochs, spec
+        lrs: list[float] = []
+        for phase in module.phases():
+            module.start_phase(phase)
+            optimizer = module.configure_optimizers()
+            spec = spec_from_optimizer(optimizer, names)
+            plans.append(
+                (phase.name, tuple(names[id(p)] for p in phase.params), phase.epochs, spec)
+            )
+            lrs.extend(optimizer_lrs(optimizer))
+        x_all, y_all, sizes = cohort_train_data(data, ids)
+        # each client's permutation of every epoch of every phase, in that order, from its own
+        # generator (as the sequential loop draws them), brought to the host at once
+        total_epochs = sum(e for _, _, e, _ in plans)
+        perms = []
+        for cid, n in zip(ids, sizes):
+            generator = client_streams(ctx.seed, ctx.round, cid)[1]
+            perms.extend(torch.randperm(n, generator=generator) for _ in range(total_epochs))
+        flat = torch.cat(perms).numpy() if perms else np.zeros(0, np.int64)
+        cuts = np.cumsum([n for n in sizes for _ in range(total_epochs)])[:-1]
+        pieces = np.split(flat, cuts)
+        per_epoch = [-(-n // batch_size) for n in sizes]
+        steps = [total_epochs * k for k in per_epoch]
+        schedules, used = [], 0
+        for _, _, epochs, _ in plans:
+            phase_orders = [
+                pieces[i * total_epochs + used : i * total_epochs + used + epochs]
+                for i in range(len(ids))
+            ]
+            schedules.append(_schedule(phase_orders, sizes, batch_size, x_all.device))
+            used += epochs
+        param_names = [n for n, _ in module.named_parameters()]
+        stacked = {n: start.params[n] for n in param_names}
+        buffers = {n: start.params[n] for n, _ in module.named_buffers()}
+        chunk = self.chunk_size or len(ids)
+        trained, losses, sums, counts = [], [], [], []
+        for a in range(0, len(ids), chunk):
+            b = min(a + chunk, len(ids))
+            seed_global_rng(derive_seed(ctx.seed, CLIENT, ctx.round, ids[a], 2), algorithm.device)
+            part = _rows(a, b, len(ids))
+            out = _train_stacked(
+                module,
+                [(name, pn, spec) for name, pn, _, spec in plans],
+                {n: part(t) for n, t in stacked.items()},
+                {n: part(t) for n, t in buffers.items()},
+                start.shared,
+                tree_map(part, start.attrs),
+                x_all,
+                y_all,
+                [_shift(sched, a, b) for sched in schedules],
+                generators=None,
+                transform=None,
+            )
+            trained.append(out[0])
+            losses.append(out[1])
+            sums.append(out[2])
+            counts.append(out[3])
+        if len(trained) == 1:
+            params, loss_sum, log_sums, log_counts = trained[0], losses[0], sums[0], counts[0]
+        else:
+            params = {n: torch.cat([t[n] for t in trained]) for n in trained[0]}
+            loss_sum = torch.cat(losses)
+            log_sums = {k: torch.cat([s[k] for s in sums]) for k in sums[0]}
+            log_counts = {k: torch.cat([c[k] for c in counts]) for k in counts[0]}
+        params.update(buffers)  # buffers as the clients began (no running statistics here)
+        steps_t = torch.tensor([max(k, 1) for k in steps], device=loss_sum.device)
+        training = CohortTraining(ids, list(sizes), steps, loss_sum / steps_t, tuple(lrs))
+        upload = algorithm.cohort_end(module, messages, params, training)
+        logged = {k: log_sums[k] / log_counts[k].clamp(min=1) for k in log_sums}
+        return CohortResults(training, upload, logged, log_counts)
+
     # ---- before training: the sequential executor's calls, in its order ----------------------
     def _begin(
         self, algorithm, cid: int, payload, ctx: RoundContext, data, batch_size: int
@@ -202,7 +299,6 @@ class VectorizedExecutor:
         module = runs[0].module
         _check_vmappable(module)
         device = runs[0].x.device
-        num = len(runs)
         layouts = {tuple((p.name, p.param_names) for p in r.phases) for r in runs}
         if len(layouts) > 1:
             raise ConfigError("executor: clients of one architecture must share their phases")
@@ -213,58 +309,130 @@ class VectorizedExecutor:
         shared_attrs, batched_attrs = split_attrs([r.attrs for r in runs], device)
         x_all = torch.cat([r.x for r in runs])
         y_all = torch.cat([r.y for r in runs])
-        offsets = torch.tensor([0, *[len(r.y) for r in runs]]).cumsum(0)[:-1].tolist()
+        sizes = [len(r.y) for r in runs]
+        schedules = [
+            _schedule(
+                [[o.numpy() for o in r.phases[k].orders] for r in runs], sizes, batch_size, device
+            )
+            for k in range(len(runs[0].phases))
+        ]
+        plans = [
+            (p.name, p.param_names, runs[0].optim_specs[k]) for k, p in enumerate(runs[0].phases)
+        ]
         transform = getattr(data, "batch_transform", None)
-        step_fn = _vmapped_step(module)
-        loss_sum = torch.zeros(num, device=device)
-        log_sums: dict[str, torch.Tensor] = {}  # name -> [num], over each client's own steps
-        log_counts: dict[str, torch.Tensor] = {}
-        total_steps = [0] * num
-        global_step = 0
-        generator_backup = module.generator
-        module.generator = None  # inside vmap, randomness comes from the global RNG
-        vars(module).update(shared_attrs)
-        try:
-            for k, phase in enumerate(runs[0].phases):
-                module.current_phase = phase.name  # as `start_phase` sets it sequentially
-                trainable = set(phase.param_names)
-                optim = FunctionalOptimizer(runs[0].optim_specs[k])
-                idx, valid, active = _schedule(runs, k, offsets, batch_size)
-                everyone = active.all(0).tolist()  # on the host: no device sync per step
-                idx, valid, active = idx.to(device), valid.to(device), active.to(device)
-                for t in range(idx.shape[1]):
-                    xb = x_all[idx[:, t]]
-                    if transform is not None:  # each client's augmentation from its own stream
-                        xb = torch.stack(
-                            [transform(xb[i], r.generator) for i, r in enumerate(runs)]
-                        )
-                    yb = y_all[idx[:, t]].masked_fill(~valid[:, t], IGNORE_LABEL)
-                    train = {n: stacked[n] for n in param_names if n in trainable}
-                    frozen = {n: stacked[n] for n in param_names if n not in trainable}
-                    grads, (loss, logged) = step_fn(
-                        train, frozen, buffers, batched_attrs, xb, yb, global_step + t
-                    )
-                    if everyone[t]:
-                        optim.step(train, grads, None)
-                        loss_sum += loss.detach()
-                    else:
-                        optim.step(train, grads, active[:, t])
-                        loss_sum += torch.where(active[:, t], loss.detach(), 0.0)
-                    if logged:
-                        _fold_logged(log_sums, log_counts, logged, active[:, t], everyone[t])
-                    stacked.update(train)
-                global_step += idx.shape[1]
-                for i, r in enumerate(runs):
-                    total_steps[i] += r.phases[k].steps
-        finally:
-            module.generator = generator_backup
+        generators = [r.generator for r in runs]
+        stacked, loss_sum, log_sums, log_counts = _train_stacked(
+            module,
+            plans,
+            stacked,
+            buffers,
+            shared_attrs,
+            batched_attrs,
+            x_all,
+            y_all,
+            schedules,
+            generators,
+            transform,
+        )
         out = {}
         for i, r in enumerate(runs):
             params = {n: stacked[n][i] for n in param_names}
             logged = {k: log_sums[k][i] / log_counts[k][i] for k in log_sums if log_counts[k][i]}
-            loss = loss_sum[i] / max(total_steps[i], 1)
-            out[r.client_id] = (params, loss, total_steps[i], logged)
+            total = sum(p.steps for p in r.phases)
+            loss = loss_sum[i] / max(total, 1)
+            out[r.client_id] = (params, loss, total, logged)
         return out
+
+
+def cohort_train_data(data, client_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """The cohort's training samples, client after client, and each client's count: one
+    gather where the data can (`train_many`), else one slice per client."""
+    many = getattr(data, "train_many", None)
+    if many is not None:
+        return many(client_ids)
+    parts = [data.train(c) for c in client_ids]
+    return (
+        torch.cat([x for x, _ in parts]),
+        torch.cat([y for _, y in parts]),
+        [len(y) for _, y in parts],
+    )
+
+
+def _rows(a: int, b: int, total: int):
+    """Rows a..b of a stacked [C, ...] tensor (the tensor itself when that is all of it)."""
+
+    def take(t):
+        if not isinstance(t, torch.Tensor) or (a == 0 and b == total):
+            return t
+        return t[a:b]
+
+    return take
+
+
+def _shift(schedule, a: int, b: int):
+    """A cohort's schedule cut to clients a..b (the sample indices stay into the cohort's
+    data)."""
+    idx, valid, active, everyone = schedule
+    if a == 0 and b == idx.shape[0]:
+        return schedule
+    active = active[a:b]
+    return idx[a:b], valid[a:b], active, active.all(0).tolist()
+
+
+def _train_stacked(
+    module: ClientModule,
+    plans: list[tuple[str, tuple[str, ...], dict]],
+    stacked: dict[str, torch.Tensor],
+    buffers: dict[str, torch.Tensor],
+    shared_attrs: dict,
+    batched_attrs: dict,
+    x_all: torch.Tensor,
+    y_all: torch.Tensor,
+    schedules: list,
+    generators: list | None,
+    transform,
+):
+    """The phases' steps for stacked clients: (params [C, ...], loss sums [C], logged sums and
+    counts [C] by name). `schedules[k]`: `_schedule` of phase k; `transform` (with each client's
+    generator) augments each client's batch."""
+    num = next(iter(stacked.values())).shape[0]
+    device = x_all.device
+    step_fn = _vmapped_step(module)
+    loss_sum = torch.zeros(num, device=device)
+    log_sums: dict[str, torch.Tensor] = {}  # name -> [num], over each client's own steps
+    log_counts: dict[str, torch.Tensor] = {}
+    global_step = 0
+    generator_backup = module.generator
+    module.generator = None  # inside vmap, randomness comes from the global RNG
+    vars(module).update(shared_attrs)
+    try:
+        for (name, phase_params, spec), (idx, valid, active, everyone) in zip(plans, schedules):
+            module.current_phase = name  # as `start_phase` sets it sequentially
+            trainable = set(phase_params)
+            optim = FunctionalOptimizer(spec)
+            for t in range(idx.shape[1]):
+                xb = x_all[idx[:, t]]
+                if transform is not None:  # each client's augmentation from its own stream
+                    xb = torch.stack([transform(xb[i], g) for i, g in enumerate(generators)])
+                yb = y_all[idx[:, t]].masked_fill(~valid[:, t], IGNORE_LABEL)
+                train = {n: v for n, v in stacked.items() if n in trainable}
+                frozen = {n: v for n, v in stacked.items() if n not in trainable}
+                grads, (loss, logged) = step_fn(
+                    train, frozen, buffers, batched_attrs, xb, yb, global_step + t
+                )
+                if everyone[t]:
+                    optim.step(train, grads, None)
+                    loss_sum += loss.detach()
+                else:
+                    optim.step(train, grads, active[:, t])
+                    loss_sum += torch.where(active[:, t], loss.detach(), 0.0)
+                if logged:
+                    _fold_logged(log_sums, log_counts, logged, active[:, t], everyone[t])
+                stacked.update(train)
+            global_step += idx.shape[1]
+    finally:
+        module.generator = generator_backup
+    return stacked, loss_sum, log_sums, log_counts
 
 
 def _fold_logged(sums: dict, counts: dict, logged: dict, active: torch.Tensor, everyone: bool):
@@ -299,31 +467,35 @@ def _vmapped_step(module: ClientModule):
     )
 
 
-def _schedule(runs: list[_ClientRun], k: int, offsets: list[int], batch_size: int):
-    """Batch indices [C, T, B] into the cohort's data, their validity, and active steps [C, T].
+def _schedule(orders: list[list[np.ndarray]], sizes: list[int], batch_size: int, device):
+    """One phase's batches for stacked clients: sample indices [C, T, B] into the clients' data
+    laid end to end, their validity, the active steps [C, T], and which steps every client
+    takes (a list on the host: no device sync per step). Built on the host, moved at once.
 
-    Each epoch's last, short batch is padded (invalid samples, label ignored); a client with
-    fewer steps than the longest repeats its first batch on the padded steps and is masked out
-    of the update.
+    `orders[i]`: client i's permutation of each epoch of the phase. Each epoch's last, short
+    batch is padded (invalid samples, label ignored); a client with fewer steps than the
+    longest repeats its first batch on the padded steps and is masked out of the update.
     """
-    steps = max(r.phases[k].steps for r in runs)
-    idx = torch.zeros(len(runs), steps, batch_size, dtype=torch.long)
-    valid = torch.zeros(len(runs), steps, batch_size, dtype=torch.bool)
-    active = torch.zeros(len(runs), steps, dtype=torch.bool)
-    for i, r in enumerate(runs):
-        plan = r.phases[k]
-        if not plan.orders:
-            continue
-        n = len(r.y)
-        per_epoch = -(-n // batch_size)
-        pad = per_epoch * batch_size - n
-        rows = [
-            torch.cat([order, order.new_full((pad,), -1)]).view(per_epoch, batch_size)
-            for order in plan.orders
-        ]
-        pos = torch.cat(rows)
-        pos = torch.cat([pos, pos[:1].expand(steps - len(pos), -1)])
-        idx[i] = pos.clamp(min=0) + offsets[i]
-        valid[i] = pos >= 0
-        active[i, : plan.steps] = True
-    return idx, valid, active
+    per_epoch = [-(-n // batch_size) for n in sizes]
+    own = [len(o) * k for o, k in zip(orders, per_epoch)]
+    steps = max(own, default=0)
+    num = len(sizes)
+    idx = np.zeros((num, steps, batch_size), dtype=np.int64)
+    valid = np.zeros((num, steps, batch_size), dtype=bool)
+    active = np.zeros((num, steps), dtype=bool)
+    offset = 0
+    for i, (client_orders, n) in enumerate(zip(orders, sizes)):
+        if client_orders:
+            k = per_epoch[i]
+            pos = np.full((len(client_orders), k * batch_size), -1, dtype=np.int64)
+            for e, order in enumerate(client_orders):
+                pos[e, :n] = order
+            pos = pos.reshape(-1, batch_size)
+            pos = np.concatenate([pos, np.repeat(pos[:1], steps - len(pos), axis=0)])
+            idx[i] = np.maximum(pos, 0) + offset
+            valid[i] = pos >= 0
+            active[i, : own[i]] = True
+        offset += n
+    everyone = active.all(0).tolist()
+    to = partial(torch.as_tensor, device=device)
+    return to(idx), to(valid), to(active), everyone
