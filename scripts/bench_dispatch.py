@@ -51,6 +51,8 @@ ALGORITHMS = (
     "local",
 )
 TARGETS = ("fedavg", "fedprox", "fedrep", "scaffold", "frl", "waffle")
+# FedRep with one local epoch would leave the heads none: one epoch of head, one of body
+EXTRA = {"fedrep": ["algorithm.head_epochs=1"]}
 
 
 def workload():
@@ -61,6 +63,7 @@ def workload():
 def experiment(algorithm: str, executor: str, cohort: int, cache: str) -> Experiment:
     w = replace(workload(), clients_per_round=cohort)
     extra = [f"algorithm={algorithm}", "client.local_epochs=1", "client.batch_size=10"]
+    extra += EXTRA.get(algorithm, [])
     cfg = fedexp_config(w, executor, "cpu", cache, threads=1, extra=extra)
     with open_dict(cfg):
         cfg.eval.personal_clients = 1

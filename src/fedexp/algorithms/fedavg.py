@@ -162,13 +162,6 @@ class FedAvg(Algorithm):
         self.load_stats(module.model, self.__dict__.get("_round_stats"))
 
     # ---- the cohort at once (the vectorized executor) -------------------------------------------
-    def batched_hooks(self, owner: type) -> bool:
-        """Whether this class's `client_begin`/`client_end` are `owner`'s, whose batched forms
-        `cohort_begin`/`cohort_end` are: a subclass that changes them trains client by client
-        until it gives its own batched forms."""
-        cls = type(self)
-        return cls.client_begin is owner.client_begin and cls.client_end is owner.client_end
-
     def cohort_begin(
         self, module: ClientModule, client_ids: Sequence[int], payloads: Sequence[Message]
     ) -> CohortStart | None:
@@ -197,6 +190,12 @@ class FedAvg(Algorithm):
             if n not in out:
                 out[n] = t.detach().expand(count, *t.shape)
         return out
+
+    def payload_views(self, module: ClientModule, vector: torch.Tensor) -> list[torch.Tensor]:
+        """`vector` ([d] or [C, d]) as views shaped like the shared parameters ([C, ...])."""
+        shared = self.shared(module.model)
+        pieces = vector.split([p.numel() for p in shared], dim=-1)
+        return [c.view(*vector.shape[:-1], *p.shape) for p, c in zip(shared, pieces)]
 
     def cohort_end(
         self,

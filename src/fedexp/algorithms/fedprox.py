@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fedexp.algorithms.fedavg import FedAvg
+from fedexp.algorithms.fedavg import FedAvg, payload_rows
 from fedexp.core.algorithm import BuildContext
 from fedexp.core.client import ClientModule
+from fedexp.core.cohort import CohortStart
 from fedexp.core.local import ClientConfig
 from fedexp.core.types import ConfigError, Message
 
@@ -40,3 +41,15 @@ class FedProx(FedAvg):
     def client_begin(self, module: ProxModule, client_id: int, payload: Message) -> None:
         super().client_begin(module, client_id, payload)
         module.anchor = [p.detach().clone() for p in module.model.parameters()]
+
+    def cohort_begin(self, module: ProxModule, client_ids, payloads) -> CohortStart | None:
+        """Every client's anchor is the broadcast weights (all of the model's parameters)."""
+        if not self.batched_hooks(FedProx) or self.__dict__.get("_round_stats") is not None:
+            return None
+        if len(self.shared(module.model)) != len(list(module.model.parameters())):
+            return None
+        vector = payload_rows(payloads)
+        anchor = self.payload_views(module, vector)
+        start = CohortStart(self.cohort_params(module, payloads))
+        (start.shared if vector.dim() == 1 else start.attrs)["anchor"] = anchor
+        return start

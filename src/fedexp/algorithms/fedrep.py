@@ -27,6 +27,7 @@ from fedexp.core.algorithm import (
     named_views,
 )
 from fedexp.core.client import ClientModule, Phase
+from fedexp.core.cohort import CohortStart
 from fedexp.core.local import ClientConfig, LocalTraining
 from fedexp.core.types import ConfigError, Message, ServerState
 from fedexp.core.user_module import check_head_body
@@ -122,6 +123,22 @@ class FedRep(FedAvg):
     ) -> Message:
         self.store.put(client_id, flat_params(list(module.model.head.parameters())))
         return super().client_end(module, client_id, payload, training)
+
+    def cohort_begin(self, module: ClientModule, client_ids, payloads) -> CohortStart | None:
+        """The global body for every client; each client's head from the store, stacked."""
+        if not self.batched_hooks(FedRep) or self.__dict__.get("_round_stats") is not None:
+            return None
+        heads = self.store.gather(client_ids, self._initial_head)
+        own = named_views(heads, module, list(module.model.head.parameters()))
+        return CohortStart(self.cohort_params(module, payloads, own))
+
+    def cohort_end(self, module: ClientModule, payloads, params, training) -> Message:
+        names = {id(p): n for n, p in module.named_parameters()}
+        heads = torch.cat(
+            [params[names[id(p)]].flatten(1) for p in module.model.head.parameters()], 1
+        )
+        self.store.scatter(training.client_ids, heads)
+        return super().cohort_end(module, payloads, params, training)
 
     def global_model(self, state: ServerState) -> nn.Module | None:
         return None

@@ -20,6 +20,7 @@ from torch import nn
 
 from fedexp.core.algorithm import Algorithm, BuildContext
 from fedexp.core.client import ClientModule
+from fedexp.core.cohort import CohortStart, stacked_field
 from fedexp.core.local import LocalTraining
 from fedexp.core.messages import Ranking
 from fedexp.core.seeding import INIT, derive_seed
@@ -28,6 +29,7 @@ from fedexp.models.supermask import (
     RANK_KEYS,
     num_kept,
     ranking,
+    rankings,
     sorted_scores,
     supermask_layers,
     to_supermask,
@@ -104,7 +106,7 @@ class FRL(Algorithm):
         bad = ctx.num_malicious
         old = state.buffers["global_ranking"]
         new = [
-            self.ctx.aggregator(torch.stack([r.upload.layers[i] for r in results]), votes, bad)
+            self.ctx.aggregator(stacked_field(results, "layers", i), votes, bad)
             for i in range(len(old))
         ]
         metrics = {"frl/mask_change": self.mask_change(old, new, state)}
@@ -141,6 +143,38 @@ class FRL(Algorithm):
     ) -> Message:
         layers = supermask_layers(module.model)
         return Ranking(tuple(ranking(layer.scores, self.rank_key) for layer in layers))
+
+    # ---- the cohort at once -----------------------------------------------------------------
+    def cohort_begin(self, module: ClientModule, client_ids, payloads) -> CohortStart | None:
+        """Every client writes S0 along the same global ranking: one set of scores, shared."""
+        if not self.batched_hooks(FRL):
+            return None
+        first = payloads[0]
+        if any(p is not first for p in payloads):
+            return None
+        count = len(client_ids)
+        names = {id(p): n for n, p in module.named_parameters()}
+        params = {}
+        for layer, edge_ranking, s0 in zip(
+            supermask_layers(module.model), first.layers, self.client_s0
+        ):
+            scores = torch.empty_like(layer.scores).view(-1).index_put((edge_ranking,), s0)
+            params[names[id(layer.scores)]] = scores.view(layer.scores.shape).expand(
+                count, *layer.scores.shape
+            )
+        for n, t in [*module.named_parameters(), *module.named_buffers()]:
+            if n not in params:
+                params[n] = t.detach().expand(count, *t.shape)
+        return CohortStart(params)
+
+    def cohort_end(self, module: ClientModule, payloads, params, training) -> Message:
+        names = {id(p): n for n, p in module.named_parameters()}
+        return Ranking(
+            tuple(
+                rankings(params[names[id(layer.scores)]], self.rank_key)
+                for layer in supermask_layers(module.model)
+            )
+        )
 
     # ---- evaluation ------------------------------------------------------------------------
     def global_model(self, state: ServerState) -> nn.Module | None:

@@ -34,9 +34,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fedexp.algorithms.fedavg import FedAvg
+from fedexp.algorithms.fedavg import FedAvg, payload_rows
 from fedexp.core.algorithm import flat_params
 from fedexp.core.client import ClientModule
+from fedexp.core.cohort import CohortStart, stacked_field
 from fedexp.core.local import ClientConfig, LocalTraining
 from fedexp.core.types import (
     ClientResult,
@@ -115,7 +116,7 @@ class Scaffold(FedAvg):
         self, state: ServerState, results: Sequence[ClientResult], ctx: RoundContext
     ) -> tuple[ServerState, dict[str, float]]:
         new, metrics = super().aggregate(state, results, ctx)
-        deltas = torch.stack([r.upload.control_delta for r in results])
+        deltas = stacked_field(results, "control_delta")
         new.buffers[CONTROL] = state.buffers[CONTROL] + deltas.sum(0) / self.ctx.data.num_clients
         return new, metrics
 
@@ -129,6 +130,41 @@ class Scaffold(FedAvg):
         params = self.shared(module.model)
         pieces = correction.split([p.numel() for p in params])
         module.correction = [c.view_as(p) for c, p in zip(pieces, params)]
+
+    # ---- the cohort at once -----------------------------------------------------------------
+    def cohort_begin(self, module: ScaffoldModule, client_ids, payloads) -> CohortStart | None:
+        if not self.batched_hooks(Scaffold) or self.__dict__.get("_round_stats") is not None:
+            return None
+        control = payloads[0].control
+        if any(p.control is not control for p in payloads):
+            return None
+        self._cohort_controls = self.store.gather(client_ids, torch.zeros_like(control))
+        correction = control - self._cohort_controls  # [C, d]: c - c_i
+        start = CohortStart(self.cohort_params(module, payloads))
+        start.attrs["correction"] = self.payload_views(module, correction)
+        return start
+
+    def cohort_end(self, module, payloads, params, training) -> Message:
+        delta = self.cohort_flat(module, params) - payload_rows(payloads)  # y_i - x
+        c_i, control = self._cohort_controls, payloads[0].control
+        del self._cohort_controls
+        lr = training.lr
+        if lr is None:
+            raise ConfigError(
+                "client.optimizer: SCAFFOLD's control variates need one local learning rate, "
+                f"got the rates {sorted(set(training.lrs))}"
+            )
+        steps = torch.tensor(training.steps, dtype=delta.dtype, device=delta.device)
+        c_new = c_i - control - delta / (steps.clamp(min=1) * lr).unsqueeze(1)
+        # a client that took no step learned nothing about the drift: its c_i stays
+        c_new = torch.where((steps > 0).unsqueeze(1), c_new, c_i)
+        trained = [c for c, k in zip(training.client_ids, training.steps) if k > 0]
+        if len(trained) == len(training.client_ids):
+            self.store.scatter(trained, c_new)
+        else:
+            rows = [i for i, k in enumerate(training.steps) if k > 0]
+            self.store.scatter(trained, c_new[rows])
+        return ScaffoldUpload(delta, c_new - c_i)
 
     def client_end(
         self, module: ScaffoldModule, client_id: int, payload: Message, training: LocalTraining

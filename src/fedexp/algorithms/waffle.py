@@ -33,8 +33,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedexp.algorithms.fedavg import FedAvg
-from fedexp.core.algorithm import BuildContext, flat_params, load_flat
+from fedexp.core.algorithm import BuildContext, flat_params, load_flat, named_views
 from fedexp.core.client import ClientModule, JointOptimizer, Phase, build_optimizer
+from fedexp.core.cohort import CohortStart
 from fedexp.core.local import ClientConfig, LocalTraining
 from fedexp.core.types import (
     FLOAT_BITS,
@@ -228,6 +229,28 @@ class WAFFLe(FedAvg):
         self.store.put(client_id, flat_params(list(module.posterior.parameters())))
         # the dictionary's change only
         return super().client_end(module, client_id, payload, training)
+
+    def cohort_begin(self, module: WaffleModule, client_ids, payloads) -> CohortStart | None:
+        """The global dictionary for every client; each client's {π̃, c, d} from the store."""
+        if not self.batched_hooks(WAFFLe) or self.__dict__.get("_round_stats") is not None:
+            return None
+        temperature = payloads[0].temperature
+        inside = all(0 <= c < self.ctx.data.num_clients for c in client_ids)
+        if not inside or any(p.temperature != temperature for p in payloads):
+            return None
+        variational = self.store.gather(client_ids, self.prior_variational)
+        own = named_views(variational, module, list(module.posterior.parameters()))
+        start = CohortStart(self.cohort_params(module, payloads, own))
+        start.shared["temperature"] = temperature
+        sizes = [self.ctx.data.num_train(c) for c in client_ids]
+        start.attrs["num_train"] = torch.tensor(sizes, device=self.device)
+        return start
+
+    def cohort_end(self, module: WaffleModule, payloads, params, training) -> Message:
+        names = {id(p): n for n, p in module.named_parameters()}
+        posterior = [params[names[id(p)]].flatten(1) for p in module.posterior.parameters()]
+        self.store.scatter(training.client_ids, torch.cat(posterior, 1))
+        return super().cohort_end(module, payloads, params, training)
 
     # ---- evaluation ------------------------------------------------------------------------
     def load_posterior(self, variational: torch.Tensor) -> IBPPosterior:

@@ -124,6 +124,13 @@ class Algorithm:
         before any client's generator is drawn from)."""
         return None
 
+    def batched_hooks(self, owner: type) -> bool:
+        """Whether this class's `client_begin`/`client_end` are `owner`'s, whose batched forms
+        `cohort_begin`/`cohort_end` are: a subclass that changes them trains client by client
+        until it gives its own batched forms."""
+        cls = type(self)
+        return cls.client_begin is owner.client_begin and cls.client_end is owner.client_end
+
     def cohort_end(
         self,
         module: ClientModule,

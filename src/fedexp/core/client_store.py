@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from fedexp.core.types import ConfigError
 
@@ -77,6 +77,21 @@ class ClientStore:
     def put(self, client_id: int, state: Any) -> None:
         self.delete(client_id)
         self._keep(client_id, state)
+
+    def gather(self, client_ids, default: Any) -> Any:
+        """The states of `client_ids` stacked along a new leading dimension (one stack per
+        tensor of the state, a dict or list of tensors too); `default` for a client without one
+        (the same object for all: no copy is made)."""
+        states = [self.get(c, default) for c in client_ids]
+        return tree_map(lambda *rows: torch.stack(rows), *states)
+
+    def scatter(self, client_ids, stacked: Any) -> None:
+        """`put` each client its row of `stacked` (as `gather` returns them). Each row is a copy
+        of its own: a view would keep the whole cohort's tensor alive while any row is kept."""
+        leaves, spec = tree_flatten(stacked)
+        rows = [t.unbind(0) for t in leaves]
+        for i, cid in enumerate(client_ids):
+            self.put(cid, tree_unflatten([r[i].clone() for r in rows], spec))
 
     def delete(self, client_id: int) -> None:
         """Forget the client's state (resident or spilled); a client without one is left alone."""

@@ -158,6 +158,13 @@ def ranking(scores: torch.Tensor, kind: str) -> torch.Tensor:
     return torch.sort(rank_key(scores, kind), stable=True).indices
 
 
+def rankings(stacked: torch.Tensor, kind: str) -> torch.Tensor:
+    """`ranking` of each row of stacked scores [C, ...]: [C, edges]."""
+    flat = stacked.detach().reshape(stacked.shape[0], -1)
+    key = flat.abs() if kind == "abs" else flat
+    return torch.sort(key, dim=1, stable=True).indices
+
+
 def sorted_scores(scores: torch.Tensor, kind: str) -> torch.Tensor:
     """S0: the score values ordered by their key, lowest first."""
     return scores.detach().reshape(-1)[ranking(scores, kind)].clone()
