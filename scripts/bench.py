@@ -161,20 +161,28 @@ def run_fedexp(exp: Experiment) -> tuple[float, torch.Tensor, dict]:
 
 
 @torch.no_grad()
-def plain_evaluate(model, data, local_idx: torch.Tensor, owner: torch.Tensor) -> tuple:
-    """Pooled test accuracy and the per-client local test accuracies, in batched passes."""
+def plain_evaluate(model, data, local: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple:
+    """The evaluation fedexp's runs do, written plainly: the pooled test accuracy, then for each
+    local split (test, and validation where the clients have it) every client's accuracy and,
+    for validation, the pooled one, from one pass over the split."""
     model.eval()
 
-    def hits(x, y):
-        return torch.cat(
-            [model(x[i : i + 4096]).argmax(1) == y[i : i + 4096] for i in range(0, len(y), 4096)]
-        ).float()
+    def hits(x, y, idx=None):
+        n = len(y) if idx is None else len(idx)
+        out = []
+        for i in range(0, n, 4096):
+            rows = slice(i, i + 4096) if idx is None else idx[i : i + 4096]
+            out.append(model(x[rows]).argmax(1) == y[rows])
+        return torch.cat(out).float()
 
-    pooled = hits(data.test_x, data.test_y).mean()
-    local = hits(data.x[local_idx], data.y[local_idx])
-    per_client = torch.bincount(owner, weights=local) / torch.bincount(owner)
+    pooled = float(hits(data.test_x, data.test_y).mean())
+    per_split = []
+    for idx, owner in local:
+        h = hits(data.x, data.y, idx)
+        per_client = torch.bincount(owner, weights=h) / torch.bincount(owner)
+        per_split.append((float(h.mean()), float(per_client.mean())))
     model.train()
-    return float(pooled), float(per_client.mean())
+    return pooled, per_split
 
 
 @torch.no_grad()
@@ -184,8 +192,9 @@ def copy_into(params: list[torch.Tensor], flat: torch.Tensor) -> None:
         p.copy_(chunk.view_as(p))
 
 
-def plain_fedavg(exp: Experiment, init: torch.Tensor) -> tuple[float, torch.Tensor]:
-    """The same FedAvg written as a plain PyTorch loop; returns (seconds, final params)."""
+def plain_fedavg(exp: Experiment, init: torch.Tensor) -> tuple[float, torch.Tensor, tuple]:
+    """The same FedAvg written as a plain PyTorch loop; returns (seconds, final params, the last
+    evaluation as `plain_evaluate` gives it)."""
     cfg, data, device = exp.cfg, exp.data, exp.device
     model = exp.algorithm.ctx.model_factory().to(device)
     params = list(model.parameters())
@@ -194,12 +203,9 @@ def plain_fedavg(exp: Experiment, init: torch.Tensor) -> tuple[float, torch.Tens
     train_idx = [
         torch.as_tensor(data.partition.train[c], device=device) for c in range(cfg.num_clients)
     ]
-    tests = [torch.as_tensor(t, device=device) for t in data.partition.test]
-    local_idx = torch.cat(tests)
-    owner = torch.repeat_interleave(
-        torch.arange(len(tests), device=device),
-        torch.tensor([len(t) for t in tests], device=device),
-    )
+    # each local split's flat indices and owners, as fedexp's evaluation reads them
+    splits = ("test", "val") if data.has_val else ("test",)
+    local = [(data.local_index(s)[0], data.owners(s)) for s in splits]
     epochs, batch, lr = cfg.client.local_epochs, cfg.client.batch_size, cfg.client.lr
     sync(device)
     start = time.perf_counter()
@@ -226,9 +232,9 @@ def plain_fedavg(exp: Experiment, init: torch.Tensor) -> tuple[float, torch.Tens
         weights = weights + (w / w.sum()) @ torch.stack(deltas)
         if t % cfg.eval_every == 0 or t == cfg.rounds:
             copy_into(params, weights)
-            plain_evaluate(model, data, local_idx, owner)
+            last = plain_evaluate(model, data, local)
     sync(device)
-    return time.perf_counter() - start, weights
+    return time.perf_counter() - start, weights, last
 
 
 def workload_totals(exp: Experiment) -> dict[str, int]:
@@ -300,7 +306,7 @@ def bench_workload(
             if rep >= warmup:
                 times[e].append(seconds)
         if plain:
-            seconds, finals["plain"] = plain_fedavg(first, init)
+            seconds, finals["plain"], plain_last = plain_fedavg(first, init)
             if rep >= warmup:
                 times["plain"].append(seconds)
     totals = workload_totals(first)
@@ -316,6 +322,13 @@ def bench_workload(
             e: float((finals[e] - finals["plain"]).abs().max()) for e in executors
         }
     out["final_eval"] = {k: v for k, v in last.items() if k.startswith("eval/")}
+    if plain:  # the same evaluation: the plain loop's accuracies next to fedexp's
+        pooled, per_split = plain_last
+        out["plain_eval"] = {"eval/global/acc": pooled}
+        for name, (pooled_split, client_mean) in zip(("", "val/"), per_split):
+            if name:
+                out["plain_eval"][f"eval/{name}global/acc"] = pooled_split
+            out["plain_eval"][f"eval/{name}global/client_acc_mean"] = client_mean
     out.update(floor_seconds(first, w, totals["samples"]))
     return out
 

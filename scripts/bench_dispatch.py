@@ -92,12 +92,16 @@ def bench_dispatch(
     torch.set_num_threads(1)
     rows = []
     print(f"top-level torch ops per round (pfl CNN, 20 samples a client, {ROUNDS} rounds)")
-    print(f"{'algorithm':<18}{'executor':<12}" + "".join(f"{c:>8}" for c in COHORTS) + "  per extra")
+    print(
+        f"{'algorithm':<18}{'executor':<12}" + "".join(f"{c:>8}" for c in COHORTS) + "  per extra"
+    )
     with tempfile.TemporaryDirectory() as cache:
         for algorithm in algorithms:
             for executor in executors:
                 try:
-                    ops = [top_level_ops(experiment(algorithm, executor, c, cache)) for c in COHORTS]
+                    ops = [
+                        top_level_ops(experiment(algorithm, executor, c, cache)) for c in COHORTS
+                    ]
                 except ConfigError as err:
                     print(f"{algorithm:<18}{executor:<12}  not run: {err}")
                     continue

@@ -28,6 +28,11 @@ def test_bench_digits_plain_loop_is_the_same_training(capsys):
         torch.set_num_threads(threads)
     assert result["max_abs_diff_vs_plain"]["sequential"] == 0.0
     assert result["client_steps"] > 0 and result["floor_s"] > 0
+    # the same evaluation on both sides: test and validation splits, the same accuracies
+    plain, fedexp = result["plain_eval"], result["final_eval"]
+    assert "eval/val/global/acc" in plain and "eval/val/global/client_acc_mean" in plain
+    for key, value in plain.items():
+        assert fedexp[key] == pytest.approx(value, abs=1e-6), key
     assert "fedexp sequential / plain" in capsys.readouterr().out
 
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 
 from fedexp.core.algorithm import Algorithm
 from fedexp.core.types import ServerState
-from fedexp.engine.eval.hits import accuracy, client_accuracies, indexed_hits
+from fedexp.engine.eval.hits import accuracies_from_hits, accuracy, indexed_hits
 from fedexp.engine.eval.personal import personal_accuracies
 
 PERSONAL_SAMPLE_STREAM = 7177  # the seed stream of the `eval.personal_clients` sample
@@ -40,6 +41,10 @@ def group_metrics(accs: np.ndarray, groups: list[str]) -> dict[str, float]:
     out = {f"eval/group/{g}/acc_mean": m for g, m in means.items()}
     out["eval/group/gap"] = max(means.values()) - min(means.values())
     return out
+
+
+def mean_hits(hits: torch.Tensor) -> float:
+    return float(hits.float().mean()) if len(hits) else math.nan
 
 
 def personal_sample(num_clients: int, count: int | None, seed: int) -> np.ndarray:
@@ -73,16 +78,17 @@ def evaluate(
     prefix = {"test": "eval", "val": "eval/val"}
     model = algorithm.global_model(state)
     if model is not None:
-        if data.test_is_pooled:  # the union of the local test splits, read in place
-            hits = indexed_hits(model, data.x, data.y, data.local_index("test")[0])
-            metrics["eval/global/acc"] = float(hits.float().mean()) if len(hits) else math.nan
+        # one pass over each local split gives both the pooled accuracy (the union of the
+        # local splits) and every client's
+        hits = {s: indexed_hits(model, data.x, data.y, data.local_index(s)[0]) for s in splits}
+        if data.test_is_pooled:
+            metrics["eval/global/acc"] = mean_hits(hits["test"])
         else:
             metrics["eval/global/acc"] = accuracy(model, data.test_x, data.test_y)
         if "val" in splits:
-            hits = indexed_hits(model, data.x, data.y, data.local_index("val")[0])
-            metrics["eval/val/global/acc"] = float(hits.float().mean()) if len(hits) else math.nan
+            metrics["eval/val/global/acc"] = mean_hits(hits["val"])
         for split in splits:
-            accs = client_accuracies(model, data, split)
+            accs = accuracies_from_hits(hits[split], data, split)
             # the global model on each client's split: eval/global/client_acc_mean|std|...
             spread = distribution(f"{prefix[split]}/global/client", accs)
             metrics.update({k.replace("client/acc", "client_acc"): v for k, v in spread.items()})

@@ -46,8 +46,14 @@ def client_accuracies(model: nn.Module, data, split: str = "test") -> np.ndarray
     so the values equal those of a per-client `accuracy` loop.
     """
     idx, _ = data.local_index(split)
+    return accuracies_from_hits(indexed_hits(model, data.x, data.y, idx), data, split)
+
+
+def accuracies_from_hits(hits: torch.Tensor, data, split: str = "test") -> np.ndarray:
+    """Every client's accuracy from the hits of one pass over the local `split` in
+    `data.local_index(split)` order (`client_accuracies` without the pass)."""
     owner = data.owners(split)
-    hits = indexed_hits(model, data.x, data.y, idx).float()
+    hits = hits.float()
     n = data.num_clients
     totals = torch.bincount(owner, weights=hits, minlength=n).float()
     counts = torch.bincount(owner, minlength=n).float()
