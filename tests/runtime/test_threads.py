@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -9,8 +11,16 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from fedexp.core.types import ConfigError
+from fedexp.models.mlp import mlp
 from fedexp.run import Experiment
-from fedexp.runtime.threads import available_cores, choose_threads
+from fedexp.runtime.threads import (
+    PARALLEL_STEP_FLOPS,
+    apply_threads,
+    available_cores,
+    choose_threads,
+    idle_cores,
+    step_flops,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
@@ -24,8 +34,72 @@ def clean_env(monkeypatch):
     return monkeypatch
 
 
-def test_auto_on_a_cpu_is_one_thread_a_process(clean_env):
+def test_auto_on_a_cpu_is_one_thread_a_process_for_a_step_of_unknown_size(clean_env):
     assert choose_threads("auto", CPU)[0] == 1
+
+
+@pytest.mark.parametrize(
+    ("flops", "idle", "expected"),
+    [
+        (10e6, 8.0, 1),  # the digits MLP's step: one thread even on an idle machine
+        (60e6, 8.0, 2),  # LeNet-5 at batch 32: one thread per 30 MFLOP of the step
+        (1e9, 2.0, 2),  # the pfl CNN on two idle cores
+        (1e9, 0.4, 1),  # ... and on busy ones
+        (1e9, 7.6, 8),  # one thread per idle core
+        (1e9, 16.0, 8),  # at most the cores this process may use (8)
+    ],
+)
+def test_auto_on_a_cpu_counts_the_step_and_the_idle_cores(clean_env, flops, idle, expected):
+    threads, why = choose_threads("auto", CPU, flops, idle)
+    assert threads == expected
+    if flops >= PARALLEL_STEP_FLOPS:
+        assert f"{flops / 1e6:.0f} MFLOP a step, {idle:.1f} of 8 cores idle" in why
+
+
+def test_the_step_is_counted_by_hand_for_an_mlp():
+    # 64 -> 200 -> 200 -> 10: 2 FLOPs per multiply-add, forward and twice that backward
+    factory = partial(mlp, input_shape=(64,), num_classes=10, hidden=[200, 200])
+    macs = 64 * 200 + 200 * 200 + 200 * 10
+    assert step_flops(factory, torch.zeros(5, 64), batch_size=32) == 3 * 2 * macs * 32
+    before = torch.random.get_rng_state()
+    step_flops(factory, torch.zeros(5, 64), 32)
+    assert torch.equal(torch.random.get_rng_state(), before)  # the run's RNG is untouched
+    assert step_flops(lambda: 1 / 0, torch.zeros(5, 64), 32) is None
+
+
+def test_idle_cores_reads_a_sane_count():
+    assert 0.0 <= idle_cores(0.02) <= (os.cpu_count() or 1) + 0.5
+
+
+def test_a_resumed_run_keeps_its_count_under_auto_only(clean_env):
+    before = torch.get_num_threads()
+    try:
+        assert apply_threads("auto", CPU, 1e9, resumed=2) == (
+            2,
+            "the count the resumed run started with",
+        )
+        assert apply_threads(3, CPU, None, resumed=2)[0] == 3  # a set count is the user's
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_an_auto_run_on_a_large_step_takes_the_idle_cores_and_records_them(clean_env, tmp_path):
+    clean_env.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    clean_env.setattr("fedexp.runtime.threads.idle_cores", lambda: 2.0)
+    clean_env.setattr("fedexp.runtime.threads.PARALLEL_STEP_FLOPS", 1e6)  # the MLP counts large
+    before = torch.get_num_threads()
+    try:
+        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+            cfg = compose(
+                "config", ["debug=smoke", "checkpoint_every=1", f"paths.cache_dir={tmp_path / 'c'}"]
+            )
+        exp = Experiment(cfg, tmp_path)
+        assert exp.threads == 2 and torch.get_num_threads() == 2
+        exp.run([])
+        saved = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+        assert saved["threads"] == 2
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_auto_follows_omp_num_threads_capped_by_the_cores_this_process_may_use(clean_env):

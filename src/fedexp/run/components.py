@@ -40,7 +40,7 @@ from fedexp.runtime.checkpoint import (
     load_checkpoint,
 )
 from fedexp.runtime.resume import Checkpointer
-from fedexp.runtime.threads import apply_threads
+from fedexp.runtime.threads import apply_threads, measures_step, step_flops
 
 log = logging.getLogger(__name__)
 
@@ -185,8 +185,9 @@ def build_components(cfg: DictConfig, run_dir: str | Path, resume: bool = False)
     client = ClientConfig.from_mapping(OmegaConf.to_container(cfg.client, resolve=True))
     run_dir = Path(run_dir)
     device = resolve_device(cfg.device)
-    threads, why = apply_threads(cfg.get("threads", "auto"), device)
-    log.info("threads: %d (%s)", threads, why)
+    setting = cfg.get("threads", "auto")
+    # the data is built with one thread under auto (its numbers must not depend on the load)
+    threads, why = apply_threads(setting, device)
     checkpoint = None
     if resume:  # the file, its checksum, its config hash and its sections, before the data
         checkpoint = load_checkpoint(run_dir / CHECKPOINT_FILE, config_hash(cfg), device)
@@ -203,6 +204,13 @@ def build_components(cfg: DictConfig, run_dir: str | Path, resume: bool = False)
     )
     # a LightningModule of the user's gets the arguments its __init__ names (maybe none)
     model_factory = partial(factory, **factory_arguments(factory, model_args))
+    resumed = checkpoint.get("threads") if checkpoint is not None else None
+    if resumed is not None or measures_step(setting, device):  # auto: from the step's size
+        flops = (
+            None if resumed is not None else step_flops(model_factory, data.x, client.batch_size)
+        )
+        threads, why = apply_threads(setting, device, flops, resumed)
+    log.info("threads: %d (%s)", threads, why)
     store = ClientStore(**OmegaConf.to_container(cfg.get("client_store") or {}))
     ctx = BuildContext(
         model_factory=model_factory,

@@ -109,6 +109,7 @@ class Checkpointer(Callback):
             "components": component_states(self.components),
             "loggers": component_states(logger_names(self.loggers)),
             "rng": rng_state(),
+            "threads": torch.get_num_threads(),  # a resumed run keeps its count (same sums)
         }
 
     def save(self, report: RoundReport) -> None:
