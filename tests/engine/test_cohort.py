@@ -15,7 +15,9 @@ from torch.profiler import ProfilerActivity, profile
 from fedexp.__main__ import find_conf
 from fedexp.core.cohort import CohortResults, CohortTraining, unstack
 from fedexp.core.messages import Ranking
-from fedexp.core.types import RoundContext, Weights
+from fedexp.core.types import ConfigError, RoundContext, Weights
+from fedexp.engine.executors.stacked import StaticStep
+from fedexp.engine.functional_optim import GroupSpec
 from fedexp.run import Experiment
 
 TINY = [
@@ -166,3 +168,63 @@ def test_a_subclass_that_changes_client_begin_is_not_batched_with_its_parents_fo
     state = alg.init_state()
     results = exp.executor.run(alg, alg.configure_round(state, ctx), ctx, exp.data)
     assert calls == [0, 1] and isinstance(results, list)
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold", "fedrep", "frl"])
+def test_static_shapes_pad_every_chunk_and_train_the_same(tmp_path, algorithm):
+    """Chunks of 2 over a cohort of 5: the last chunk is padded with an inactive row; every step
+    of every round runs on one `StaticStep` shape, and the models are those of the plain round
+    (a deterministic objective: padding rows change nothing)."""
+    overrides = [*UNEQUAL, f"algorithm={algorithm}", *BATCHED[algorithm], "executor.chunk_size=2"]
+    plain = experiment(tmp_path / "a", *overrides)
+    state_a, metrics_a, _ = run_rounds(plain)
+    static = experiment(tmp_path / "b", *overrides, "executor.static_shapes=true")
+    shapes = set()
+    call = StaticStep.__call__
+
+    def spy(self, x, y, active, batch_idx):
+        shapes.add((tuple(x.shape), tuple(y.shape), tuple(active.shape)))
+        return call(self, x, y, active, batch_idx)
+
+    StaticStep.__call__ = spy
+    try:
+        state_b, metrics_b, _ = run_rounds(static)
+    finally:
+        StaticStep.__call__ = call
+    assert len(shapes) == 1 and next(iter(shapes))[2] == (2,)  # [clients] rows: the chunk
+    if state_a.params is not None:
+        torch.testing.assert_close(state_b.params, state_a.params, rtol=0, atol=1e-6)
+    for m_a, m_b in zip(metrics_a, metrics_b):
+        assert m_a.keys() == m_b.keys()
+        for key, value in m_a.items():
+            assert m_b[key] == pytest.approx(value, abs=1e-6), key
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_a_batched_round_never_syncs_with_the_host_while_it_trains(tmp_path, static):
+    exp = experiment(tmp_path, "algorithm=scaffold", f"executor.static_shapes={static}")
+    alg, state = exp.algorithm, exp.algorithm.init_state()
+    for t in (1, 2):
+        ctx = RoundContext(t, [0, 2, 3, 5, 7], 0)
+        payloads = alg.configure_round(state, ctx)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            results = exp.executor.run(alg, payloads, ctx, exp.data)
+        state, _ = alg.aggregate(state, results, ctx)
+    names = collections.Counter(e.name for e in prof.events())
+    assert names["aten::_local_scalar_dense"] == 0 and names["aten::item"] == 0
+    # the clients' shuffles (one per client and epoch) did run in the profiled call
+    epochs = exp.algorithm.ctx.client.local_epochs
+    top = collections.Counter(e.name for e in prof.events() if e.cpu_parent is None)
+    assert top["aten::randperm"] == 5 * epochs
+
+
+def test_cuda_graphs_need_cuda_and_sgd_without_dampening(tmp_path):
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match=r"executor.cuda_graphs: needs training on CUDA"):
+            experiment(tmp_path, "device=cpu", "executor.cuda_graphs=true")
+    adam = {"w": GroupSpec("adam", 0.1)}
+    with pytest.raises(ConfigError, match="must be SGD without dampening"):
+        StaticStep(None, adam, {}, {}, {}, {}, capture=False)
+    dampened = {"w": GroupSpec("sgd", 0.1, momentum=0.9, dampening=0.1)}
+    with pytest.raises(ConfigError, match="dampening 0.1"):
+        StaticStep(None, dampened, {}, {}, {}, {}, capture=False)

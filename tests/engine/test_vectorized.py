@@ -16,10 +16,9 @@ from fedexp.core.seeding import sample_clients
 from fedexp.core.types import ConfigError
 from fedexp.engine.executors.select import auto_executor
 from fedexp.engine.executors.sequential import SequentialExecutor
+from fedexp.engine.executors.stacked import check_vmappable, schedule
 from fedexp.engine.executors.vectorized import (
     VectorizedExecutor,
-    _check_vmappable,
-    _schedule,
 )
 from fedexp.engine.stacking import split_attrs
 from fedexp.run import Experiment
@@ -88,7 +87,7 @@ def test_vectorized_matches_sequential(tmp_path, algorithm):
 def test_schedule_pads_short_batches_and_masks_finished_clients():
     # client 0: 5 samples -> batches [3], [2]; client 1: 2 samples -> one batch, then idle
     orders = [[np.array([4, 0, 2, 1, 3])], [np.array([1, 0])]]
-    idx, valid, active, everyone = _schedule(orders, [5, 2], 3, torch.device("cpu"))
+    idx, valid, active, everyone = schedule(orders, [5, 2], 3).to(torch.device("cpu"))
     assert idx.tolist() == [[[4, 0, 2], [1, 3, 0]], [[6, 5, 5], [6, 5, 5]]]
     assert valid.tolist() == [
         [[True, True, True], [True, True, False]],
@@ -125,7 +124,7 @@ def test_attributes_shared_stay_and_per_client_ones_are_stacked():
 
 def test_batchnorm_running_stats_are_refused():
     with pytest.raises(ConfigError, match="BatchNorm"):
-        _check_vmappable(nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2)))
+        check_vmappable(nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2)))
 
 
 def test_auto_is_sequential_on_cpu_and_vectorized_on_cuda():

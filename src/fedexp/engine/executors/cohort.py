@@ -1,0 +1,156 @@
+"""A round's cohort trained at once through the algorithm's batched hooks
+(`Algorithm.cohort_begin` / `cohort_end`, `fedexp.core.cohort`): the vectorized executor's round
+whose torch operations do not grow with the cohort, beyond each client's own shuffle and the
+copy of the state it keeps.
+
+Begin: the algorithm stacks every client's start (the broadcast weights expanded, client state
+gathered with one stack). The cohort's samples are gathered at once, each client's permutations
+drawn from its own generator as the sequential loop draws them and brought to the host together,
+and the batch schedule laid out there. Training: `stacked.train_stacked`, chunk by chunk. End:
+the algorithm takes the trained stacked parameters and returns the uploads stacked; losses and
+logged values stay on the device (`CohortResults`) until the round's sync.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.utils._pytree import tree_map
+
+from fedexp.core.algorithm import Algorithm
+from fedexp.core.client_loop import client_streams
+from fedexp.core.cohort import CohortResults, CohortTraining
+from fedexp.core.local import optimizer_lrs
+from fedexp.core.seeding import CLIENT, derive_seed, seed_global_rng
+from fedexp.core.types import RoundContext
+from fedexp.engine.executors.stacked import check_vmappable, pad_rows, schedule, train_stacked
+from fedexp.engine.functional_optim import spec_from_optimizer
+
+
+def run_cohort(
+    algorithm: Algorithm,
+    payloads,
+    ctx: RoundContext,
+    data,
+    batch_size: int,
+    chunk_size: int | None = None,
+    pad_to: int | None = None,
+    capture: bool = False,
+) -> CohortResults | None:
+    """The round's cohort begun, trained and ended as stacked tensors, where the algorithm
+    has the batched hooks and every client trains the same module; else None.
+
+    `chunk_size`: at most this many clients trained at once; `pad_to`: every chunk padded to
+    this many (inactive rows), so every step of every round has the same shapes, and each
+    phase's steps run on a `StaticStep` (a CUDA graph with `capture`)."""
+    ids = list(ctx.client_ids)
+    if not ids or data.batch_transform is not None:
+        return None  # augmentation draws from each client's stream, step by step
+    module = algorithm.client_module(ids[0])
+    if any(algorithm.client_module(c) is not module for c in ids[1:]):
+        return None
+    messages = [payloads[c] for c in ids]
+    start = algorithm.cohort_begin(module, ids, messages)
+    if start is None:
+        return None
+    check_vmappable(module)
+    module.train()
+    names = {id(p): n for n, p in module.named_parameters()}
+    plans: list[tuple[str, tuple[str, ...], int, dict]] = []  # name, params, epochs, spec
+    lrs: list[float] = []
+    for phase in module.phases():
+        module.start_phase(phase)
+        optimizer = module.configure_optimizers()
+        spec = spec_from_optimizer(optimizer, names)
+        plans.append((phase.name, tuple(names[id(p)] for p in phase.params), phase.epochs, spec))
+        lrs.extend(optimizer_lrs(optimizer))
+    x_all, y_all, sizes = cohort_train_data(data, ids)
+    # each client's permutation of every epoch of every phase, in that order, from its own
+    # generator (as the sequential loop draws them), brought to the host at once
+    total_epochs = sum(e for _, _, e, _ in plans)
+    perms = []
+    for cid, n in zip(ids, sizes):
+        generator = client_streams(ctx.seed, ctx.round, cid)[1]
+        perms.extend(torch.randperm(n, generator=generator) for _ in range(total_epochs))
+    flat = torch.cat(perms).numpy() if perms else np.zeros(0, np.int64)
+    cuts = np.cumsum([n for n in sizes for _ in range(total_epochs)])[:-1]
+    pieces = np.split(flat, cuts)
+    per_epoch = [-(-n // batch_size) for n in sizes]
+    steps = [total_epochs * k for k in per_epoch]
+    schedules, used = [], 0
+    for _, _, epochs, _ in plans:
+        phase_orders = [
+            pieces[i * total_epochs + used : i * total_epochs + used + epochs]
+            for i in range(len(ids))
+        ]
+        schedules.append(schedule(phase_orders, sizes, batch_size))
+        used += epochs
+    param_names = [n for n, _ in module.named_parameters()]
+    stacked = {n: start.params[n] for n in param_names}
+    buffers = {n: start.params[n] for n, _ in module.named_buffers()}
+    chunk = chunk_size or len(ids)
+    trained, losses, sums, counts = [], [], [], []
+    for a in range(0, len(ids), chunk):
+        b = min(a + chunk, len(ids))
+        seed_global_rng(derive_seed(ctx.seed, CLIENT, ctx.round, ids[a], 2), algorithm.device)
+        part = _rows(a, b, len(ids), pad_to)
+        out = train_stacked(
+            module,
+            [(name, pn, spec) for name, pn, _, spec in plans],
+            {n: part(t) for n, t in stacked.items()},
+            {n: part(t) for n, t in buffers.items()},
+            start.shared,
+            tree_map(part, start.attrs),
+            x_all,
+            y_all,
+            [sched.rows(a, b, pad_to).to(x_all.device) for sched in schedules],
+            generators=None,
+            transform=None,
+            static=pad_to is not None,
+            capture=capture,
+        )
+        real = b - a  # the padded rows trained nothing: dropped
+        trained.append({n: t[:real] for n, t in out[0].items()})
+        losses.append(out[1][:real])
+        sums.append({k: v[:real] for k, v in out[2].items()})
+        counts.append({k: v[:real] for k, v in out[3].items()})
+    if len(trained) == 1 and pad_to is None:
+        params, loss_sum, log_sums, log_counts = trained[0], losses[0], sums[0], counts[0]
+    else:
+        params = {n: torch.cat([t[n] for t in trained]) for n in trained[0]}
+        loss_sum = torch.cat(losses)
+        log_sums = {k: torch.cat([s[k] for s in sums]) for k in sums[0]}
+        log_counts = {k: torch.cat([c[k] for c in counts]) for k in counts[0]}
+    params.update(buffers)  # buffers as the clients began (no running statistics here)
+    steps_t = torch.tensor([max(k, 1) for k in steps], device=loss_sum.device)
+    training = CohortTraining(ids, list(sizes), steps, loss_sum / steps_t, tuple(lrs))
+    upload = algorithm.cohort_end(module, messages, params, training)
+    logged = {k: log_sums[k] / log_counts[k].clamp(min=1) for k in log_sums}
+    return CohortResults(training, upload, logged, log_counts)
+
+
+def cohort_train_data(data, client_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """The cohort's training samples, client after client, and each client's count: one
+    gather where the data can (`train_many`), else one slice per client."""
+    many = getattr(data, "train_many", None)
+    if many is not None:
+        return many(client_ids)
+    parts = [data.train(c) for c in client_ids]
+    return (
+        torch.cat([x for x, _ in parts]),
+        torch.cat([y for _, y in parts]),
+        [len(y) for _, y in parts],
+    )
+
+
+def _rows(a: int, b: int, total: int, pad_to: int | None = None):
+    """Rows a..b of a stacked [C, ...] tensor (the tensor itself when that is all of it),
+    padded to `pad_to` rows."""
+
+    def take(t):
+        if not isinstance(t, torch.Tensor):
+            return t
+        rows = t if (a == 0 and b == total) else t[a:b]
+        return rows if pad_to is None else pad_rows(rows, pad_to)
+
+    return take

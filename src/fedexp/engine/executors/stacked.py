@@ -1,0 +1,289 @@
+"""Training stacked clients at once: the vmapped step, the batch schedule and the phases' loop,
+shared by the vectorized executor's client-by-client and batched rounds.
+
+A round's batches are laid out on the host (`Schedule`: numpy arrays, no device sync per step)
+and moved to the device once. With a fixed cohort size (`Schedule.rows(..., pad_to=P)`, the
+parameters padded with `pad_rows`) every step of every round has the same shapes, and
+`StaticStep` runs a step on fixed buffers: the form a CUDA graph captures (`capture=True`, on
+CUDA only) and replays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from torch.func import functional_call, grad_and_value, vmap
+
+from fedexp.core.client import ClientModule
+from fedexp.core.types import ConfigError
+from fedexp.engine.functional_optim import FunctionalOptimizer
+
+IGNORE_LABEL = -100  # F.cross_entropy's default ignore_index
+
+
+class TrainingStep(nn.Module):
+    """Makes `training_step` the forward, so `functional_call` can swap the parameters in."""
+
+    def __init__(self, inner: ClientModule):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, batch, batch_idx: int) -> torch.Tensor:
+        return self.inner.training_step(batch, batch_idx)
+
+
+def check_vmappable(module: nn.Module) -> None:
+    for m in module.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
+            raise ConfigError(
+                "executor: BatchNorm running statistics cannot be vectorized; use "
+                "executor=sequential or track_running_stats=False"
+            )
+
+
+@dataclass
+class Schedule:
+    """One phase's batches for stacked clients, on the host: sample indices [C, T, B] into the
+    clients' data laid end to end, their validity [C, T, B] and the active steps [C, T]."""
+
+    idx: np.ndarray
+    valid: np.ndarray
+    active: np.ndarray
+
+    def rows(self, a: int, b: int, pad_to: int | None = None) -> Schedule:
+        """Clients a..b, padded with inactive rows (no valid sample, no step) to `pad_to`."""
+        idx, valid, active = self.idx[a:b], self.valid[a:b], self.active[a:b]
+        pad = (pad_to or 0) - (b - a)
+        if pad > 0:
+            idx = np.concatenate([idx, np.zeros((pad, *idx.shape[1:]), idx.dtype)])
+            valid = np.concatenate([valid, np.zeros((pad, *valid.shape[1:]), bool)])
+            active = np.concatenate([active, np.zeros((pad, *active.shape[1:]), bool)])
+        return Schedule(idx, valid, active)
+
+    def to(self, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[bool]]:
+        """(idx, valid, active) on the device, and which steps every client takes (a list on
+        the host: no device sync per step)."""
+        everyone = self.active.all(0).tolist()
+        put = [torch.as_tensor(a, device=device) for a in (self.idx, self.valid, self.active)]
+        return put[0], put[1], put[2], everyone
+
+
+def schedule(orders: list[list[np.ndarray]], sizes: list[int], batch_size: int) -> Schedule:
+    """One phase's `Schedule`. `orders[i]`: client i's permutation of each epoch of the phase.
+
+    Each epoch's last, short batch is padded (invalid samples, label ignored); a client with
+    fewer steps than the longest repeats its first batch on the padded steps and is masked out
+    of the update.
+    """
+    per_epoch = [-(-n // batch_size) for n in sizes]
+    own = [len(o) * k for o, k in zip(orders, per_epoch)]
+    steps = max(own, default=0)
+    num = len(sizes)
+    idx = np.zeros((num, steps, batch_size), dtype=np.int64)
+    valid = np.zeros((num, steps, batch_size), dtype=bool)
+    active = np.zeros((num, steps), dtype=bool)
+    offset = 0
+    for i, (client_orders, n) in enumerate(zip(orders, sizes)):
+        if client_orders:
+            k = per_epoch[i]
+            pos = np.full((len(client_orders), k * batch_size), -1, dtype=np.int64)
+            for e, order in enumerate(client_orders):
+                pos[e, :n] = order
+            pos = pos.reshape(-1, batch_size)
+            pos = np.concatenate([pos, np.repeat(pos[:1], steps - len(pos), axis=0)])
+            idx[i] = np.maximum(pos, 0) + offset
+            valid[i] = pos >= 0
+            active[i, : own[i]] = True
+        offset += n
+    return Schedule(idx, valid, active)
+
+
+def pad_rows(t, rows: int):
+    """A stacked [C, ...] tensor padded to `rows` by repeating its first row (any other value)."""
+    if not isinstance(t, torch.Tensor) or t.shape[0] >= rows:
+        return t
+    return torch.cat([t, t[:1].expand(rows - t.shape[0], *t.shape[1:])])
+
+
+class StaticStep:
+    """One local step of a stacked cohort on buffers that keep their shapes and addresses: the
+    trained parameters and the SGD momentum live in them, a step's batch is copied in, and the
+    step writes its results back in place. On CUDA with `capture=True` the step after the first
+    (which runs eagerly and warms up) is captured as a CUDA graph and replayed; elsewhere each
+    step runs eagerly on the same buffers, so its shape invariants can be tested on a CPU.
+
+    SGD only (Adam's bias correction depends on the step count, which a graph would freeze), and
+    no dampening (the momentum buffer then starts at zero, equal to torch's first step). The
+    step's `batch_idx` is the phase's first under capture.
+    """
+
+    def __init__(self, step_fn, spec: dict, train, frozen, buffers, attrs, capture: bool):
+        for name, group in spec.items():
+            if group.kind != "sgd" or group.dampening:
+                raise ConfigError(
+                    "executor.cuda_graphs: the local optimizer must be SGD without dampening "
+                    f"({name}: {group.kind}, dampening {group.dampening})"
+                )
+        self.step_fn, self.capture = step_fn, capture
+        self.optim = FunctionalOptimizer(spec)
+        self.train = {n: t.contiguous().clone() for n, t in train.items()}
+        self.frozen, self.buffers, self.attrs = frozen, buffers, attrs
+        self.state = {
+            n: {"momentum": torch.zeros_like(self.train[n])}
+            for n, group in spec.items()
+            if group.momentum
+        }
+        self.x = self.y = self.active = self.loss = None
+        self.logged: dict[str, torch.Tensor] = {}
+        self.graph = None
+        self.steps = 0
+
+    def _step(self, batch_idx: int) -> None:
+        grads, (loss, logged) = self.step_fn(
+            self.train, self.frozen, self.buffers, self.attrs, self.x, self.y, batch_idx
+        )
+        new = dict(self.train)
+        self.optim.state = {n: dict(self.state.get(n, {})) for n in self.optim.specs}
+        self.optim.step(new, grads, self.active)
+        with torch.no_grad():
+            for n, t in self.train.items():
+                t.copy_(new[n])
+            for n, s in self.state.items():
+                s["momentum"].copy_(self.optim.state[n]["momentum"])
+            self.loss.copy_(loss.detach())
+            for k, v in logged.items():
+                if k in self.logged:
+                    self.logged[k].copy_(v.detach().float())
+                else:  # the first, eager step: the buffer
+                    self.logged[k] = v.detach().float().clone()
+
+    def __call__(self, x, y, active, batch_idx: int):
+        """One step on this batch: (loss [C], logged values [C] by name), buffers of this
+        object (read them before the next call)."""
+        if self.x is None:  # the first step: the buffers' shapes
+            self.x, self.y, self.active = x.clone(), y.clone(), active.clone()
+            self.loss = torch.zeros(x.shape[0], device=x.device)
+        else:
+            if (x.shape, y.shape, active.shape) != (self.x.shape, self.y.shape, self.active.shape):
+                raise RuntimeError("StaticStep: a step's shapes changed")
+            self.x.copy_(x)
+            self.y.copy_(y)
+            self.active.copy_(active)
+        if self.graph is not None:
+            self.graph.replay()
+        elif self.capture and self.steps >= 1:
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self._step(batch_idx)
+            self.graph.replay()
+        else:
+            self._step(batch_idx)
+        self.steps += 1
+        return self.loss, self.logged
+
+
+def train_stacked(
+    module: ClientModule,
+    plans: list[tuple[str, tuple[str, ...], dict]],
+    stacked: dict[str, torch.Tensor],
+    buffers: dict[str, torch.Tensor],
+    shared_attrs: dict,
+    batched_attrs: dict,
+    x_all: torch.Tensor,
+    y_all: torch.Tensor,
+    schedules: list,
+    generators: list | None,
+    transform,
+    static: bool = False,
+    capture: bool = False,
+):
+    """The phases' steps for stacked clients: (params [C, ...], loss sums [C], logged sums and
+    counts [C] by name). `schedules[k]`: phase k's (idx, valid, active, everyone) on the device;
+    `transform` (with each client's generator) augments each client's batch; `static`: each
+    phase's steps run on a `StaticStep` (captured as a CUDA graph with `capture`)."""
+    num = next(iter(stacked.values())).shape[0]
+    device = x_all.device
+    step_fn = vmapped_step(module)
+    loss_sum = torch.zeros(num, device=device)
+    log_sums: dict[str, torch.Tensor] = {}  # name -> [num], over each client's own steps
+    log_counts: dict[str, torch.Tensor] = {}
+    global_step = 0
+    generator_backup = module.generator
+    module.generator = None  # inside vmap, randomness comes from the global RNG
+    vars(module).update(shared_attrs)
+    try:
+        for (name, phase_params, spec), (idx, valid, active, everyone) in zip(plans, schedules):
+            module.current_phase = name  # as `start_phase` sets it sequentially
+            trainable = set(phase_params)
+            optim = FunctionalOptimizer(spec)
+            runner = None
+            for t in range(idx.shape[1]):
+                xb = x_all[idx[:, t]]
+                if transform is not None:  # each client's augmentation from its own stream
+                    xb = torch.stack([transform(xb[i], g) for i, g in enumerate(generators)])
+                yb = y_all[idx[:, t]].masked_fill(~valid[:, t], IGNORE_LABEL)
+                train = {n: v for n, v in stacked.items() if n in trainable}
+                frozen = {n: v for n, v in stacked.items() if n not in trainable}
+                if static:
+                    if runner is None:
+                        runner = StaticStep(
+                            step_fn, spec, train, frozen, buffers, batched_attrs, capture
+                        )
+                    loss, logged = runner(xb, yb, active[:, t], global_step + t)
+                    loss_sum += torch.where(active[:, t], loss, 0.0)
+                    if logged:
+                        fold_logged(log_sums, log_counts, logged, active[:, t], False)
+                    continue
+                grads, (loss, logged) = step_fn(
+                    train, frozen, buffers, batched_attrs, xb, yb, global_step + t
+                )
+                if everyone[t]:
+                    optim.step(train, grads, None)
+                    loss_sum += loss.detach()
+                else:
+                    optim.step(train, grads, active[:, t])
+                    loss_sum += torch.where(active[:, t], loss.detach(), 0.0)
+                if logged:
+                    fold_logged(log_sums, log_counts, logged, active[:, t], everyone[t])
+                stacked.update(train)
+            if runner is not None:
+                stacked.update(runner.train)
+            global_step += idx.shape[1]
+    finally:
+        module.generator = generator_backup
+    return stacked, loss_sum, log_sums, log_counts
+
+
+def fold_logged(sums: dict, counts: dict, logged: dict, active: torch.Tensor, everyone: bool):
+    """Add one step's logged values [num] of the active clients to the running sums."""
+    for name, value in logged.items():
+        value = value.detach().float()
+        if name not in sums:
+            sums[name] = torch.zeros_like(value)
+            counts[name] = torch.zeros(value.shape, dtype=torch.long, device=value.device)
+        sums[name] += value if everyone else torch.where(active, value, 0.0)
+        counts[name] += active
+
+
+def vmapped_step(module: ClientModule):
+    """(trainable, frozen, buffers, attrs, x, y, batch_idx) -> (grads, (loss, logged)), per
+    client; `logged`: what the step passed to `self.log` (batched values must leave vmap as
+    outputs, so they are taken off the capture inside the step)."""
+    wrapper = TrainingStep(module)
+    capture = module.log_capture
+
+    def loss_fn(trainable, frozen, buffers, attrs, x, y, batch_idx):
+        vars(module).update(attrs)
+        state = {f"inner.{n}": t for n, t in {**trainable, **frozen, **buffers}.items()}
+        capture.take_step()
+        loss = functional_call(wrapper, state, ((x, y), batch_idx))
+        return loss, capture.take_step()
+
+    return vmap(
+        grad_and_value(loss_fn, has_aux=True),
+        in_dims=(0, 0, 0, 0, 0, 0, None),
+        randomness="different",
+    )
