@@ -67,7 +67,9 @@ def sized_clients(sizes=(5, 3)) -> FederatedData:
     return FederatedData(ds, Partition(train, train), torch.device("cpu"))
 
 
-@pytest.mark.parametrize("executor", [SequentialExecutor(), VectorizedExecutor(None)])
+@pytest.mark.parametrize(
+    "executor", [SequentialExecutor(), VectorizedExecutor(None, False, False, "cpu")]
+)
 def test_logged_values_are_each_clients_mean_over_its_steps(executor):
     # clients of 5 and 3 samples, batches of 2: steps of 2, 2, 1 and of 2, 1 real samples
     data = sized_clients()
@@ -180,7 +182,9 @@ def test_client_modules_are_lightning_modules_and_steps_return_dicts_or_tensors(
     assert loss.shape == () and module.log_capture.take_step().keys() == {"train_loss", "train_acc"}
 
 
-@pytest.mark.parametrize("executor", [SequentialExecutor(), VectorizedExecutor(None)])
+@pytest.mark.parametrize(
+    "executor", [SequentialExecutor(), VectorizedExecutor(None, False, False, "cpu")]
+)
 def test_plain_and_lightning_client_modules_train_bit_identically(monkeypatch, executor):
     # without Lightning imported, a client module is a plain nn.Module of its own class
     data = sized_clients()

@@ -93,9 +93,9 @@ class VectorizedExecutor:
     def __init__(
         self,
         chunk_size: int | None,
-        static_shapes: bool = False,
-        cuda_graphs: bool = False,
-        device: str = "auto",
+        static_shapes: bool,
+        cuda_graphs: bool,
+        device: str,
     ):
         if chunk_size is not None and chunk_size < 1:
             raise ConfigError(f"executor.chunk_size: must be >= 1 or null, got {chunk_size}")
