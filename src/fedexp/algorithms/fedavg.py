@@ -24,7 +24,13 @@ from torch import nn
 
 from fedexp.core.algorithm import Algorithm, BuildContext, flat_params, load_flat, named_views
 from fedexp.core.client import ClientModule
-from fedexp.core.cohort import CohortStart, CohortTraining, is_cohort, result_samples
+from fedexp.core.cohort import (
+    CohortStart,
+    CohortTraining,
+    flat_rows,
+    is_cohort,
+    result_samples,
+)
 from fedexp.core.local import LocalTraining
 from fedexp.core.running_stats import flat_stats, load_stats, norm_layers, running_buffers
 from fedexp.core.seeding import INIT, derive_seed
@@ -208,8 +214,7 @@ class FedAvg(Algorithm):
 
     def cohort_flat(self, module: ClientModule, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """The shared parameters of every client, flat [C, d] (`flat_params` per row)."""
-        names = {id(p): n for n, p in module.named_parameters()}
-        return torch.cat([params[names[id(p)]].flatten(1) for p in self.shared(module.model)], 1)
+        return flat_rows(module, params, self.shared(module.model))
 
     def client_stats(self, module: ClientModule) -> torch.Tensor | None:
         return flat_stats(self.stat_buffers(module.model))

@@ -27,7 +27,7 @@ from fedexp.core.algorithm import (
     named_views,
 )
 from fedexp.core.client import ClientModule, Phase
-from fedexp.core.cohort import CohortStart
+from fedexp.core.cohort import CohortStart, flat_rows
 from fedexp.core.local import ClientConfig, LocalTraining
 from fedexp.core.types import ConfigError, Message, ServerState
 from fedexp.core.user_module import check_head_body
@@ -133,10 +133,7 @@ class FedRep(FedAvg):
         return CohortStart(self.cohort_params(module, payloads, own))
 
     def cohort_end(self, module: ClientModule, payloads, params, training) -> Message:
-        names = {id(p): n for n, p in module.named_parameters()}
-        heads = torch.cat(
-            [params[names[id(p)]].flatten(1) for p in module.model.head.parameters()], 1
-        )
+        heads = flat_rows(module, params, list(module.model.head.parameters()))
         self.store.scatter(training.client_ids, heads)
         return super().cohort_end(module, payloads, params, training)
 

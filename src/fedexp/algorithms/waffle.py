@@ -35,7 +35,7 @@ from torch import nn
 from fedexp.algorithms.fedavg import FedAvg
 from fedexp.core.algorithm import BuildContext, flat_params, load_flat, named_views
 from fedexp.core.client import ClientModule, JointOptimizer, Phase, build_optimizer
-from fedexp.core.cohort import CohortStart
+from fedexp.core.cohort import CohortStart, flat_rows
 from fedexp.core.local import ClientConfig, LocalTraining
 from fedexp.core.types import (
     FLOAT_BITS,
@@ -247,9 +247,8 @@ class WAFFLe(FedAvg):
         return start
 
     def cohort_end(self, module: WaffleModule, payloads, params, training) -> Message:
-        names = {id(p): n for n, p in module.named_parameters()}
-        posterior = [params[names[id(p)]].flatten(1) for p in module.posterior.parameters()]
-        self.store.scatter(training.client_ids, torch.cat(posterior, 1))
+        posterior = flat_rows(module, params, list(module.posterior.parameters()))
+        self.store.scatter(training.client_ids, posterior)
         return super().cohort_end(module, payloads, params, training)
 
     # ---- evaluation ------------------------------------------------------------------------

@@ -160,3 +160,10 @@ def stacked_field(results: Sequence[ClientResult], name: str, index: int | None 
         return value if index is None else value[index]
     rows = [getattr(r.upload, name) for r in results]
     return torch.stack(rows if index is None else [row[index] for row in rows])
+
+
+def flat_rows(module, params, tensors) -> torch.Tensor:
+    """`tensors` (parameters of `module`) read from the stacked `params` (name -> [C, ...]),
+    flat per client: [C, d] (`flat_params` of each client's)."""
+    names = {id(p): n for n, p in module.named_parameters()}
+    return torch.cat([params[names[id(p)]].flatten(1) for p in tensors], 1)
