@@ -33,7 +33,7 @@ test: install  ## the fast test suite (unit, algorithm checks, smoke runs), on 2
 	WANDB_MODE=offline $(BIN)/python -m pytest -n 2 --dist worksteal
 
 test-fast: install  ## the edit-test loop: no process started, no whole experiment (~2 min)
-	WANDB_MODE=offline $(BIN)/python -m pytest -n 2 -m "not slow and not cli and not experiment"
+	WANDB_MODE=offline $(BIN)/python -m pytest -n 2 --dist worksteal -m "not slow and not cli and not experiment"
 
 test-full: install  ## every test, slow ones included
 	WANDB_MODE=offline $(BIN)/python -m pytest -n 2 -m ''

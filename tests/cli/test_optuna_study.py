@@ -23,11 +23,12 @@ def study(cwd: Path) -> optuna.Study:
     return optuna.load_study(study_name="fedprox_mu", storage=f"sqlite:///{cwd}/search/optuna.db")
 
 
-def test_a_clearly_bad_trial_is_pruned_after_its_first_round(tmp_path):
+def test_a_clearly_bad_trial_is_pruned_after_its_first_round(cli_in_process):
     # learning rate 1e-9: the model barely moves from its initial ~chance accuracy, far below 0.9
-    run_cli(
+    tmp_path = cli_in_process.cwd
+    cli_in_process(
         *SEARCH,
-        "rounds=4",
+        "rounds=2",  # pruned: 1 round of 2
         "hydra.sweeper.n_trials=1",
         "client.lr=choice(1e-9)",
         "algorithm.mu=choice(0.01)",
@@ -35,7 +36,6 @@ def test_a_clearly_bad_trial_is_pruned_after_its_first_round(tmp_path):
         "~hydra.sweeper.pruner.n_warmup_steps",
         "hydra.sweeper.pruner._target_=optuna.pruners.ThresholdPruner",
         "+hydra.sweeper.pruner.lower=0.9",
-        cwd=tmp_path,
     )
     (trial,) = study(tmp_path).trials
     assert trial.state == TrialState.PRUNED

@@ -10,8 +10,6 @@ import sys
 
 import torch
 
-from conftest import run_cli
-
 SMOKE = ("debug=smoke", "device=cpu")
 
 
@@ -56,9 +54,11 @@ def test_the_sweep_summary_can_be_turned_off(tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "sweep" / "report").exists()
 
 
-def test_off_a_terminal_a_run_prints_progress_lines_and_logs_every_round(tmp_path):
-    proc = run_cli(*SMOKE, "progress=true", "rounds=3", "eval_every=2", "client.lr=0.05",
-                   "progress_every_s=0", "hydra.run.dir=run", cwd=tmp_path)  # fmt: skip
+def test_off_a_terminal_a_run_prints_progress_lines_and_logs_every_round(cli_in_process):
+    # in this process: its stdout, captured, is no terminal either
+    tmp_path = cli_in_process.cwd
+    proc = cli_in_process(*SMOKE, "progress=true", "rounds=3", "eval_every=2", "client.lr=0.05",
+                          "progress_every_s=0", "hydra.run.dir=run")  # fmt: skip
     lines = [line for line in proc.stdout.splitlines() if line.startswith("round ")]
     # progress_every_s=0: a line every round; the objective on evaluated rounds (2, 3)
     assert [line.split("  ")[0] for line in lines] == ["round 1/3", "round 2/3", "round 3/3"]
@@ -74,7 +74,8 @@ def test_off_a_terminal_a_run_prints_progress_lines_and_logs_every_round(tmp_pat
     assert proc.stdout.count("round 3/3") == 1  # the log's copy stays off the console
 
 
-def test_progress_false_keeps_the_lines_in_the_log_only(tmp_path):
-    proc = run_cli(*SMOKE, "hydra.run.dir=run", cwd=tmp_path)  # debug=smoke: progress=false
+def test_progress_false_keeps_the_lines_in_the_log_only(cli_in_process):
+    tmp_path = cli_in_process.cwd
+    proc = cli_in_process(*SMOKE, "hydra.run.dir=run")  # debug=smoke: progress=false
     assert "round 2/2" not in proc.stdout
     assert "round 2/2  train/loss " in (tmp_path / "run" / "__main__.log").read_text()

@@ -8,7 +8,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import wandb
 from click.testing import CliRunner
 from omegaconf import OmegaConf
 
@@ -26,6 +25,8 @@ OPTIONS = dict(
 @pytest.fixture
 def inits(monkeypatch):
     """The keyword arguments of each `wandb.init`; the run it returns writes nothing."""
+    import wandb  # here, not at collection: each test worker would import it
+
     calls = []
 
     def init(**kwargs):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
 REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf"
@@ -49,9 +49,10 @@ def load(*overrides: str):
     with initialize_config_dir(str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=list(overrides), return_hydra_config=True)
     choices = dict(cfg.hydra.runtime.choices)
-    with_hydra = OmegaConf.to_container(cfg)
-    del with_hydra["hydra"]
-    return OmegaConf.create(with_hydra), choices
+    with open_dict(cfg):  # the config as the run gets it: without Hydra's own node
+        del cfg["hydra"]
+    OmegaConf.set_struct(cfg, False)
+    return cfg, choices
 
 
 def baselines(preset: str, paper: str | None, own: str) -> list[tuple[str, str | None]]:

@@ -24,7 +24,7 @@ from datafiles import (
     write_mnist,
 )
 from fedexp.core.types import ConfigError
-from fedexp.data import datasets
+from fedexp.data import datasets, partition_report
 from fedexp.data.augment import CropFlip
 from fedexp.data.datasets import (
     CIFAR10_MEAN,
@@ -39,7 +39,7 @@ from fedexp.data.datasets import (
 from fedexp.data.federated import FederatedData
 from fedexp.data.leaf import load_femnist
 from fedexp.data.partition import Partition
-from fedexp.data.partition_report import start_partition_stats
+from fedexp.data.partition_report import draw_once, start_partition_stats
 
 load_mnist = with_yaml(load_mnist, "dataset", "mnist")
 load_fmnist = with_yaml(load_fmnist, "dataset", "fmnist")
@@ -312,6 +312,27 @@ def test_the_partition_plot_drawn_in_the_background_raises_its_error_when_waited
     assert (tmp_path / "partition_stats.csv").read_text().splitlines()[1] == "0,,4,4,0,2,2"
     with pytest.raises(IsADirectoryError):
         stats.wait()
+
+
+def test_a_plot_drawn_before_in_the_process_is_written_again_without_drawing(tmp_path, monkeypatch):
+    drawn = []
+
+    def counting(counts, path, title=""):
+        drawn.append(title)
+        return plot(counts, path, title)
+
+    plot = partition_report.plot_label_distribution
+    monkeypatch.setattr(partition_report, "plot_label_distribution", counting)
+    monkeypatch.setattr(partition_report, "_DRAWN", {})
+    monkeypatch.setattr(partition_report, "_DRAWN_KEPT", 1)  # the most recent plot only
+    counts = np.array([[3, 1], [0, 4]])
+    draw_once(counts, tmp_path / "a.png", "t")
+    draw_once(counts.copy(), tmp_path / "b.png", "t")  # the same plot: the bytes of a.png
+    draw_once(counts, tmp_path / "c.png", "u")  # another title: drawn, and t is forgotten
+    draw_once(counts, tmp_path / "d.png", "t")
+    assert drawn == ["t", "u", "t"]
+    png = [(tmp_path / f"{name}.png").read_bytes() for name in "abcd"]
+    assert png[0] == png[1] == png[3] != png[2] and png[0][:4] == b"\x89PNG"
 
 
 def test_natural_split_on_a_dataset_without_client_ids_is_one_line(tmp_path, monkeypatch):

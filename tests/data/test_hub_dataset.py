@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import datasets
 import numpy as np
 import pytest
 import torch
@@ -16,6 +16,9 @@ from tests.conftest import REPO, smoke_experiment
 from fedexp.data import hub
 from fedexp.data.hub_local import local_copy
 from fedexp.errors import ConfigError
+
+if TYPE_CHECKING:  # imported where used: not at collection, by each test worker
+    import datasets
 
 DEFAULTS = yaml.safe_load((REPO / "conf" / "dataset" / "hf.yaml").read_text())["dataset"]
 
@@ -29,6 +32,8 @@ def load_hf(path: str, data_dir: str, **options):
 def image_split(n: int, offset: int = 0) -> datasets.Dataset:
     """n 4x4 grayscale images; image i has every pixel = 10 * (i + offset) % 256, label i % 3,
     writer i % 4 (as a string, like a writer id)."""
+    import datasets
+
     rows = [(10 * (i + offset)) % 256 for i in range(n)]
     features = datasets.Features(
         {
@@ -49,6 +54,8 @@ def image_split(n: int, offset: int = 0) -> datasets.Dataset:
 
 def text_split(n: int) -> datasets.Dataset:
     """Row i: 'good day' when i is even (label 'pos'), 'bad day' otherwise; user u<i % 3>."""
+    import datasets
+
     return datasets.Dataset.from_dict(
         {
             "text": ["good day" if i % 2 == 0 else "bad day" for i in range(n)],
@@ -59,6 +66,8 @@ def text_split(n: int) -> datasets.Dataset:
 
 
 def write_saved(root: Path) -> Path:
+    import datasets
+
     datasets.DatasetDict(
         {"train": image_split(24), "test": image_split(6, offset=24)}
     ).save_to_disk(str(root))
@@ -186,6 +195,8 @@ def test_a_corrupt_parquet_file_is_named(tmp_path):
 
 def test_the_shakespeare_preset_reads_flower_columns(tmp_path):
     """flwrlabs/shakespeare's columns (character_id, x, y), from a local copy of that name."""
+    import datasets
+
     rows = {
         "character_id": [f"ROLE{i % 3}" for i in range(18)],
         "x": ["to be or not to be"[: 5 + i % 4] for i in range(18)],
@@ -214,6 +225,8 @@ def test_the_path_is_required(tmp_path):
 
 
 def test_a_row_without_an_owner_is_refused_naming_it(tmp_path):
+    import datasets
+
     split = image_split(6).to_dict()
     split["writer"][4] = None
     root = tmp_path / "ds"

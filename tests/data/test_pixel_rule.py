@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import datasets
 import numpy as np
 import pytest
 import torch
@@ -27,6 +26,8 @@ load_femnist = with_yaml(load_femnist, "dataset", "femnist", cache_dir=None)
 def write_hf(root: Path, images, dtype: str = "float32", n_test: int = 4) -> Path:
     """A save_to_disk copy whose `img` column holds the given 8x8 arrays (Array2D of dtype),
     label i % 2; the last n_test rows are the test split."""
+    import datasets
+
     features = datasets.Features(
         {"img": datasets.Array2D((8, 8), dtype), "label": datasets.Value("int64")}
     )
@@ -142,6 +143,8 @@ def test_pixel_range_maps_a_declared_range_and_refuses_values_outside_it(tmp_pat
 
 
 def test_a_16_bit_png_is_not_clipped_but_refused(tmp_path):
+    import datasets
+
     pixels = np.full((8, 8), 1000, dtype=np.uint16)
     features = datasets.Features({"img": datasets.Image(), "label": datasets.Value("int64")})
     image = Image.fromarray(pixels)  # mode I;16
@@ -155,6 +158,8 @@ def test_a_16_bit_png_is_not_clipped_but_refused(tmp_path):
 
 @pytest.mark.parametrize(("empty", "key"), [("test", "test_split"), ("train", "train_split")])
 def test_an_empty_split_is_refused_naming_it(tmp_path, empty, key):
+    import datasets
+
     saved = write_hf(tmp_path / "saved", unit_images(0, 6), n_test=2)
     root = tmp_path / "parquet"
     root.mkdir()

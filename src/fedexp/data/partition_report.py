@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from functools import partial
 from pathlib import Path
@@ -11,6 +12,11 @@ import numpy as np
 from fedexp.data.partition import class_counts
 
 MAX_ROWS = 200  # beyond this many clients the plot shows a representative subset of rows
+# the PNGs this process drew, by what they show: the jobs of a sweep on one partition (its
+# algorithms, or learning rates, at one seed) draw it once; the most recent few are kept
+_DRAWN: dict[str, bytes] = {}
+_DRAWN_KEPT = 8
+_DRAWN_LOCK = threading.Lock()
 
 
 def plot_rows(counts: np.ndarray, max_rows: int = MAX_ROWS) -> np.ndarray:
@@ -81,6 +87,25 @@ def plot_label_distribution(counts: np.ndarray, path: str | Path, title: str = "
     return path
 
 
+def draw_once(counts: np.ndarray, path: str | Path, title: str = "") -> Path:
+    """`plot_label_distribution`, or the bytes of the same plot drawn earlier in this process."""
+    counts, path = np.asarray(counts), Path(path)
+    key = hashlib.sha1(f"{counts.shape} {counts.dtype} {title!r}".encode())
+    key.update(np.ascontiguousarray(counts).tobytes())
+    with _DRAWN_LOCK:
+        png = _DRAWN.get(key.hexdigest())
+    if png is not None:
+        path.write_bytes(png)
+        return path
+    plot_label_distribution(counts, path, title)
+    png = path.read_bytes()
+    with _DRAWN_LOCK:
+        while len(_DRAWN) >= _DRAWN_KEPT:
+            _DRAWN.pop(next(iter(_DRAWN)))
+        _DRAWN[key.hexdigest()] = png
+    return path
+
+
 def write_partition_stats(
     data, run_dir: str | Path, title: str = ""
 ) -> tuple[tuple[Path, str], ...]:
@@ -130,7 +155,8 @@ def start_partition_stats(
     data, run_dir: str | Path, title: str = "", background: bool = True
 ) -> PartitionStats:
     """Write `partition_stats.csv` now and start drawing the label-distribution PNG (in a
-    background thread unless `background=False`); `PartitionStats.wait()` for both files."""
+    background thread unless `background=False`; `draw_once`); `PartitionStats.wait()` for both
+    files."""
     run_dir = Path(run_dir)
     counts = class_counts(data.train_labels(), data.partition, data.num_classes)
     path = run_dir / "partition_stats.csv"
@@ -151,6 +177,4 @@ def start_partition_stats(
     path.write_text(header + "\n" + body)
     plot = run_dir / "partition_labels.png"
     artifacts = ((plot, "partition/label_distribution"), (path, "partition/class_counts"))
-    return PartitionStats(
-        artifacts, partial(plot_label_distribution, counts, plot, title), background
-    )
+    return PartitionStats(artifacts, partial(draw_once, counts, plot, title), background)
