@@ -16,12 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 
 from fedexp.core.callbacks import Callback
-from handworld import two_client_data
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -150,6 +146,10 @@ def restore_root_logging():
 @pytest.fixture
 def compose_cfg(tmp_path, monkeypatch):
     """compose_cfg('algorithm=fedprox', ...) -> the DictConfig the CLI would build."""
+    import torch
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
     monkeypatch.setenv("FEDEXP_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("FEDEXP_DATA_DIR", str(tmp_path / "data"))
     # tiny models: one intra-op thread; several threads on a busy machine are many times slower
@@ -214,6 +214,8 @@ def lifecycle():
 @pytest.fixture
 def two_clients():
     """Client 0 holds x=[1,2], y=0; client 1 holds x=[2,0], y=1 (one sample each)."""
+    from handworld import two_client_data
+
     return two_client_data()
 
 
@@ -324,4 +326,12 @@ def pytest_collection_modifyitems(config, items):
 
 # Tiny models run fastest on one thread, and a loaded machine makes torch's thread pool thrash.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-torch.set_num_threads(1)
+
+
+def pytest_configure(config):
+    # torch where tests run: not in the process of `pytest -n 2` that only hands out the tests
+    # (importing it there cost each run seconds of CPU while the workers start)
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        import torch
+
+        torch.set_num_threads(1)

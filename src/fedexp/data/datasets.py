@@ -11,6 +11,7 @@ Sentiment140 live in `leaf.py` and `text.py`.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import importlib.util
 from collections.abc import Callable
@@ -108,6 +109,13 @@ def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
 
         bunch = sk_digits()
         return bunch.images, bunch.target
+    images, labels = _read_digits(path)
+    return images.copy(), labels.copy()
+
+
+@functools.cache
+def _read_digits(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """The digits file parsed, once a process (a sweep's jobs, an experiment built again)."""
     with gzip.open(path, mode="rt", encoding="utf-8") as file:
         data = np.loadtxt(file, delimiter=",")
     return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(int, copy=False)
