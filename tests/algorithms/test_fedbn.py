@@ -83,8 +83,8 @@ def test_without_bn_layers_fedbn_is_fedavg_bit_for_bit():
 def test_the_vectorized_executor_refuses_bn_running_statistics():
     algo = FedBN(make_ctx(two_pairs(), factory=bn_mlp, batch_size=2))
     with pytest.raises(ConfigError, match="executor: BatchNorm running statistics"):
-        VectorizedExecutor(None, False, False, "cpu").check_algorithm(algo, 2)
-    VectorizedExecutor(None, False, False, "cpu").check_algorithm(
+        VectorizedExecutor(None, False, False, "cpu", "auto").check_algorithm(algo, 2)
+    VectorizedExecutor(None, False, False, "cpu", "auto").check_algorithm(
         FedBN(make_ctx(two_pairs(), factory=small_mlp)), 2
     )
 

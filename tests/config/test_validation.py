@@ -22,6 +22,10 @@ SENT140 = "dataset.data_dir=<sent140>"
 # (overrides, a substring of the one-line message)
 BAD_CONFIGS: list[tuple[tuple[str, ...], str]] = [
     (("partition=natural",), "partition: natural split needs a dataset with client ids"),
+    (
+        ("executor=vectorized", "executor.stack=grouped"),
+        "executor.stack: must be auto, vmap or loop, got 'grouped'",
+    ),
     (("dataset=synthetic", "model=lenet5"), "model: fedexp.models.cnn.lenet5 needs image inputs"),
     (("dataset=synthetic", "model=cnn"), "model: fedexp.models.cnn.cnn needs image inputs"),
     (("dataset=cifar10",), "dataset.data_dir: CIFAR-10 not found"),

@@ -118,11 +118,11 @@ def test_an_algorithm_that_says_it_cannot_be_vectorized_trains_sequentially_unde
     Unvectorizable = with_yaml(Unvectorizable, "algorithm", "fedavg")
     data = two_client_data()
     with pytest.raises(ConfigError, match="Unvectorizable cannot be vectorized"):
-        VectorizedExecutor(None, False, False, "cpu").check_algorithm(
+        VectorizedExecutor(None, False, False, "cpu", "auto").check_algorithm(
             Unvectorizable(make_ctx(data)), 2
         )
     able = with_yaml(FedAvg, "algorithm", "fedavg")(make_ctx(data))  # the same, declared able
-    VectorizedExecutor(None, False, False, "cpu").check_algorithm(able, 2)
+    VectorizedExecutor(None, False, False, "cpu", "auto").check_algorithm(able, 2)
     auto = AutoExecutor("cuda", None)  # would vectorize: training on CUDA
     assert isinstance(auto.inner, VectorizedExecutor)
     auto.check_algorithm(Unvectorizable(make_ctx(data)), 2)

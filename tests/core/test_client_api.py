@@ -165,7 +165,7 @@ def test_sequential_local_training_facts():
 def test_vectorized_local_training_facts_equal_the_sequential_ones():
     sequential, _ = recording_round(SequentialExecutor())
     vectorized, _ = recording_round(
-        VectorizedExecutor(None, False, False, "cpu"), VectorizedRecording
+        VectorizedExecutor(None, False, False, "cpu", "vmap"), VectorizedRecording
     )
     for c in (0, 1):
         s, v = sequential[c], vectorized[c]
@@ -174,7 +174,7 @@ def test_vectorized_local_training_facts_equal_the_sequential_ones():
 
 
 def test_local_training_phases_of_fedrep_on_both_executors():
-    for executor in (SequentialExecutor(), VectorizedExecutor(None, False, False, "cpu")):
+    for executor in (SequentialExecutor(), VectorizedExecutor(None, False, False, "cpu", "vmap")):
         seen, _ = recording_round(executor, FedRepRecording, head_epochs=3, body_epochs=1)
         # n = 7, B = 3: 3 steps per epoch; head 3 epochs, body 1
         assert [(p.name, p.epochs, p.steps) for p in seen[0].phases] == [

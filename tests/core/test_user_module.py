@@ -68,7 +68,7 @@ def sized_clients(sizes=(5, 3)) -> FederatedData:
 
 
 @pytest.mark.parametrize(
-    "executor", [SequentialExecutor(), VectorizedExecutor(None, False, False, "cpu")]
+    "executor", [SequentialExecutor(), VectorizedExecutor(None, False, False, "cpu", "vmap")]
 )
 def test_logged_values_are_each_clients_mean_over_its_steps(executor):
     # clients of 5 and 3 samples, batches of 2: steps of 2, 2, 1 and of 2, 1 real samples
@@ -183,7 +183,7 @@ def test_client_modules_are_lightning_modules_and_steps_return_dicts_or_tensors(
 
 
 @pytest.mark.parametrize(
-    "executor", [SequentialExecutor(), VectorizedExecutor(None, False, False, "cpu")]
+    "executor", [SequentialExecutor(), VectorizedExecutor(None, False, False, "cpu", "vmap")]
 )
 def test_plain_and_lightning_client_modules_train_bit_identically(monkeypatch, executor):
     # without Lightning imported, a client module is a plain nn.Module of its own class

@@ -27,6 +27,7 @@ TINY = [
     "client.batch_size=16",
     "rounds=2",
     "executor=vectorized",
+    "executor.stack=vmap",  # the form whose host operations these tests count
 ]
 UNEQUAL = ["partition=dirichlet", "partition.min_size=5"]  # short last batches, idle steps
 BATCHED = {
@@ -78,12 +79,15 @@ def same(a, b) -> bool:
 
 
 @pytest.mark.parametrize("algorithm", sorted(BATCHED))
-@pytest.mark.parametrize("chunk", [None, 2])
-def test_a_batched_round_equals_the_client_by_client_round(tmp_path, monkeypatch, algorithm, chunk):
+@pytest.mark.parametrize("chunk,stack", [(None, "vmap"), (2, "vmap"), (None, "loop")])
+def test_a_batched_round_equals_the_client_by_client_round(
+    tmp_path, monkeypatch, algorithm, chunk, stack
+):
     overrides = [
         f"algorithm={algorithm}",
         *BATCHED[algorithm],
         f"executor.chunk_size={chunk or 'null'}",
+        f"executor.stack={stack}",
     ]
     batched = experiment(tmp_path / "a", *overrides)
     state_b, metrics_b, results_b = run_rounds(batched)

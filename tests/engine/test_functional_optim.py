@@ -53,6 +53,26 @@ def test_stacked_steps_match_one_torch_optimizer_per_client(case):
             w.grad = g[c].clone()
             opt.step()
         torch.testing.assert_close(params["w"][c], w.detach(), rtol=1e-6, atol=1e-7)
+        if spec.kind == "sgd":  # torch.optim.SGD's operations, one for one
+            assert torch.equal(params["w"][c], w.detach())
+
+
+def test_later_steps_update_the_optimizers_own_tensors_in_place():
+    spec = GroupSpec("sgd", lr=0.5, momentum=0.9)
+    start = torch.ones(2, 3)
+    params = {"w": start}
+    optim = FunctionalOptimizer({"w": spec})
+    optim.step(params, {"w": torch.ones(2, 3)}, None)  # w = 1 - 0.5, buf = 1
+    first, buf = params["w"], optim.state["w"]["momentum"]
+    assert first is not start and torch.equal(start, torch.ones(2, 3))  # the input untouched
+    optim.step(params, {"w": torch.ones(2, 3)}, None)  # buf = 0.9 + 1, w = 0.5 - 0.95
+    assert params["w"] is first and optim.state["w"]["momentum"] is buf
+    assert torch.allclose(first, torch.full((2, 3), 0.5 - 0.95))
+    # the caller's own parameters (the loop form): updated in place from the first step
+    own = torch.zeros(2, 3)
+    optim = FunctionalOptimizer({"w": GroupSpec("adam", lr=0.1)})
+    optim.step({"w": own}, {"w": torch.ones(2, 3)}, None, in_place=True)
+    assert torch.allclose(own, torch.full((2, 3), -0.1))
 
 
 def test_inactive_client_keeps_params_and_momentum():

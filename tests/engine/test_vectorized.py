@@ -19,6 +19,7 @@ from fedexp.engine.executors.sequential import SequentialExecutor
 from fedexp.engine.executors.stacked import check_vmappable, schedule
 from fedexp.engine.executors.vectorized import (
     VectorizedExecutor,
+    stack_form,
 )
 from fedexp.engine.stacking import split_attrs
 from fedexp.run import Experiment
@@ -65,23 +66,28 @@ CASES = [[f"algorithm={a}", *VARIANTS.get(a, [])] for a in ALGORITHMS] + [
 def test_vectorized_matches_sequential(tmp_path, algorithm):
     # Prepare
     seq = experiment(tmp_path, "executor=sequential", *algorithm)
-    vec = experiment(tmp_path, "executor=vectorized", *algorithm)
-    assert isinstance(vec.executor, VectorizedExecutor)
     cohort = sample_clients(0, 1, 6, 4)
     sizes = {seq.data.num_train(c) for c in cohort}
     assert len(sizes) > 1 and any(n % 16 for n in sizes)  # padding and masks are exercised
-    # Execute
     p_seq, m_seq = train(seq)
-    p_vec, m_vec = train(vec)
-    # Assert
-    assert m_seq.keys() == m_vec.keys()
-    if algorithm[0].removeprefix("algorithm=") in STOCHASTIC:
-        assert all(math.isfinite(v) for v in m_vec.values() if isinstance(v, float))
-        return
-    if p_seq is not None:
-        torch.testing.assert_close(p_vec, p_seq, rtol=1e-4, atol=1e-5)
-    for key, value in m_seq.items():
-        assert m_vec[key] == pytest.approx(value, abs=1e-5), key
+    for stack in ("vmap", "loop"):
+        vec = experiment(tmp_path, "executor=vectorized", f"executor.stack={stack}", *algorithm)
+        assert isinstance(vec.executor, VectorizedExecutor) and vec.executor.stack == stack
+        # Execute
+        p_vec, m_vec = train(vec)
+        # Assert
+        assert m_seq.keys() == m_vec.keys()
+        if algorithm[0].removeprefix("algorithm=") in STOCHASTIC:
+            assert all(math.isfinite(v) for v in m_vec.values() if isinstance(v, float))
+            continue
+        if p_seq is not None:
+            torch.testing.assert_close(p_vec, p_seq, rtol=1e-4, atol=1e-5)
+            if stack == "loop" and algorithm[0] != "algorithm=scaffold":
+                # the loop form runs the sequential executor's operations on the same batches
+                # (SCAFFOLD's batched hooks compute its control variates stacked: ~1e-8)
+                assert torch.equal(p_vec, p_seq)
+        for key, value in m_seq.items():
+            assert m_vec[key] == pytest.approx(value, abs=1e-5), key
 
 
 def test_schedule_pads_short_batches_and_masks_finished_clients():
@@ -125,6 +131,18 @@ def test_attributes_shared_stay_and_per_client_ones_are_stacked():
 def test_batchnorm_running_stats_are_refused():
     with pytest.raises(ConfigError, match="BatchNorm"):
         check_vmappable(nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2)))
+
+
+def test_stack_auto_is_vmap_on_cuda_or_static_shapes_and_loop_on_a_cpu():
+    assert stack_form("auto", cuda=True, static_shapes=False) == "vmap"
+    assert stack_form("auto", cuda=False, static_shapes=True) == "vmap"
+    assert stack_form("auto", cuda=False, static_shapes=False) == "loop"
+    assert stack_form("vmap", cuda=False, static_shapes=False) == "vmap"
+    assert VectorizedExecutor(None, False, False, "cpu", "auto").stack == "loop"
+    with pytest.raises(ConfigError, match="executor.stack: must be auto, vmap or loop"):
+        VectorizedExecutor(None, False, False, "cpu", stack="grouped")
+    with pytest.raises(ConfigError, match="need executor.stack=vmap"):
+        VectorizedExecutor(None, True, False, "cpu", stack="loop")
 
 
 def test_auto_is_sequential_on_cpu_and_vectorized_on_cuda():

@@ -84,12 +84,19 @@ def _mask(active: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 class FunctionalOptimizer:
-    """One optimizer per client, stacked: `step` updates params[name] of shape [C, ...]."""
+    """One optimizer per client, stacked: `step` updates params[name] of shape [C, ...].
+
+    SGD follows `torch.optim.SGD`'s arithmetic op for op (`add(grad, alpha=-lr)`, the momentum
+    buffer's `mul` then `add`). The first step of a parameter writes a new tensor (its input may
+    be a view of state that is not the optimizer's); later steps update the tensors the
+    optimizer made in place, as do the momentum buffers: a cohort's stacked parameters are not
+    allocated again at every step."""
 
     def __init__(self, specs: Mapping[str, GroupSpec]):
         self.specs = dict(specs)
         self.state: dict[str, dict[str, torch.Tensor]] = {name: {} for name in specs}
         self.steps = 0
+        self._own: dict[str, torch.Tensor] = {}  # name -> the tensor the last step made
 
     @torch.no_grad()
     def step(
@@ -97,15 +104,20 @@ class FunctionalOptimizer:
         params: dict[str, torch.Tensor],
         grads: Mapping[str, torch.Tensor],
         active: torch.Tensor | None,
+        in_place: bool = False,
     ) -> None:
-        """Update `params` in the dict (new tensors, no in-place writes on the inputs)."""
+        """Update `params` in the dict: a new tensor, or in place where the last step made it
+        (`in_place`: always, the parameters are the caller's to update)."""
         self.steps += 1
         for name, spec in self.specs.items():
             p, g = params[name], grads[name]
             if spec.weight_decay:
-                g = g + spec.weight_decay * p
-            update = self._sgd if spec.kind == "sgd" else self._adam
-            new_p, new_state = update(spec, p, g, self.state[name])
+                g = g.add(p, alpha=spec.weight_decay)
+            owned = active is None and (in_place or self._own.get(name) is p)
+            if spec.kind == "sgd":
+                new_p, new_state = self._sgd(spec, p, g, self.state[name], owned)
+            else:
+                new_p, new_state = self._adam(spec, p, g, self.state[name])
             if active is not None:
                 m = _mask(active, p)
                 new_p = torch.where(m, new_p, p)
@@ -113,19 +125,25 @@ class FunctionalOptimizer:
                 new_state = {
                     k: torch.where(m, v, old[k]) if k in old else v for k, v in new_state.items()
                 }
-            params[name] = new_p
+            if in_place and new_p is not p:
+                new_p = p.copy_(new_p)
+            params[name] = self._own[name] = new_p
             self.state[name] = new_state
 
-    def _sgd(self, spec: GroupSpec, p, g, state):
+    def _sgd(self, spec: GroupSpec, p, g, state, in_place: bool):
         if spec.momentum:
             buf = state.get("momentum")
             if buf is None:  # torch.optim.SGD: the first buffer is the gradient itself
                 buf = g.clone()
+            elif in_place:
+                buf.mul_(spec.momentum).add_(g, alpha=1 - spec.dampening)
             else:
-                buf = spec.momentum * buf + (1 - spec.dampening) * g
+                buf = buf.mul(spec.momentum).add_(g, alpha=1 - spec.dampening)
             state = {"momentum": buf}
-            g = g + spec.momentum * buf if spec.nesterov else buf
-        return p - spec.lr * g, state
+            g = g.add(buf, alpha=spec.momentum) if spec.nesterov else buf
+        if in_place:
+            return p.add_(g, alpha=-spec.lr), state
+        return p.add(g, alpha=-spec.lr), state
 
     def _adam(self, spec: GroupSpec, p, g, state):
         beta1, beta2 = spec.betas

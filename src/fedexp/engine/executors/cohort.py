@@ -36,13 +36,15 @@ def run_cohort(
     chunk_size: int | None = None,
     pad_to: int | None = None,
     capture: bool = False,
+    loop: bool = False,
 ) -> CohortResults | None:
     """The round's cohort begun, trained and ended as stacked tensors, where the algorithm
     has the batched hooks and every client trains the same module; else None.
 
     `chunk_size`: at most this many clients trained at once; `pad_to`: every chunk padded to
     this many (inactive rows), so every step of every round has the same shapes, and each
-    phase's steps run on a `StaticStep` (a CUDA graph with `capture`)."""
+    phase's steps run on a `StaticStep` (a CUDA graph with `capture`); `loop`: the chunk's
+    clients train one after another (`stacked`'s loop form)."""
     ids = list(ctx.client_ids)
     if not ids or data.batch_transform is not None:
         return None  # augmentation draws from each client's stream, step by step
@@ -108,6 +110,7 @@ def run_cohort(
             transform=None,
             static=pad_to is not None,
             capture=capture,
+            loop=loop,
         )
         real = b - a  # the padded rows trained nothing: dropped
         trained.append({n: t[:real] for n, t in out[0].items()})

@@ -31,7 +31,7 @@ def executor_named(
     if name == "sequential":
         return SequentialExecutor()
     if name == "vectorized":
-        return VectorizedExecutor(chunk_size, static_shapes=False, cuda_graphs=False, device=device)
+        return VectorizedExecutor(chunk_size, False, False, device, stack="auto")
     raise ConfigError(f"{key}: must be auto, sequential or vectorized, got {name!r}")
 
 

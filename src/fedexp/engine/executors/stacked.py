@@ -6,6 +6,14 @@ and moved to the device once. With a fixed cohort size (`Schedule.rows(..., pad_
 parameters padded with `pad_rows`) every step of every round has the same shapes, and
 `StaticStep` runs a step on fixed buffers: the form a CUDA graph captures (`capture=True`, on
 CUDA only) and replays.
+
+Two forms train the same stacked state (`executor.stack`). `vmap`: one vmapped step for all the
+clients of a chunk, the form for a GPU, where a round's time is the host's launches. `loop`: the
+clients one after another, each step on its own row of the stacked parameters with the same
+`grad` of the same `training_step`, and each epoch's short last batch as it is (no padding).
+On a CPU a batched kernel does the same arithmetic as the per-client ones, so batching saves
+nothing there, while the cohort's stacked activations leave the cache: the vmapped grouped
+convolution of LeNet-5 takes 1.5x its per-client convolutions. `auto` is `loop` on a CPU.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
+from torch.utils._pytree import tree_map
 
 from fedexp.core.client import ClientModule
 from fedexp.core.types import ConfigError
@@ -199,11 +208,20 @@ def train_stacked(
     transform,
     static: bool = False,
     capture: bool = False,
+    loop: bool = False,
 ):
     """The phases' steps for stacked clients: (params [C, ...], loss sums [C], logged sums and
     counts [C] by name). `schedules[k]`: phase k's (idx, valid, active, everyone) on the device;
     `transform` (with each client's generator) augments each client's batch; `static`: each
-    phase's steps run on a `StaticStep` (captured as a CUDA graph with `capture`)."""
+    phase's steps run on a `StaticStep` (captured as a CUDA graph with `capture`); `loop`: the
+    clients one after another (the `loop` form)."""
+    if loop:
+        if static:
+            raise ConfigError("executor.static_shapes: needs executor.stack=vmap")
+        return train_looped(
+            module, plans, stacked, buffers, shared_attrs, batched_attrs, x_all, y_all,
+            schedules, generators, transform,
+        )  # fmt: skip
     num = next(iter(stacked.values())).shape[0]
     device = x_all.device
     step_fn = vmapped_step(module)
@@ -254,6 +272,84 @@ def train_stacked(
             global_step += idx.shape[1]
     finally:
         module.generator = generator_backup
+    return stacked, loss_sum, log_sums, log_counts
+
+
+def train_looped(
+    module: ClientModule,
+    plans: list[tuple[str, tuple[str, ...], dict]],
+    stacked: dict[str, torch.Tensor],
+    buffers: dict[str, torch.Tensor],
+    shared_attrs: dict,
+    batched_attrs: dict,
+    x_all: torch.Tensor,
+    y_all: torch.Tensor,
+    schedules: list,
+    generators: list | None,
+    transform,
+):
+    """`train_stacked`'s `loop` form: client i's row of the stacked parameters is loaded into
+    the module, trained there step by step (its `training_step`, autograd, the functional
+    optimizer updating the parameters in place) and written back; then client i + 1. What it
+    returns is laid out as the `vmap` form's."""
+    num = next(iter(stacked.values())).shape[0]
+    device = x_all.device
+    stacked = {n: t.clone() for n, t in stacked.items()}  # rows written as clients finish
+    own = dict(module.named_parameters())
+    own_buffers = dict(module.named_buffers())
+    loss_sum = torch.zeros(num, device=device)
+    log_sums: dict[str, torch.Tensor] = {}
+    log_counts: dict[str, torch.Tensor] = {}
+    host = [(i.cpu().numpy(), v.cpu().numpy(), a.cpu().numpy()) for i, v, a, _ in schedules]
+    capture = module.log_capture
+    generator_backup = module.generator
+    module.generator = None  # as in the vmap form: randomness comes from the global RNG
+    requires = {n: p.requires_grad for n, p in own.items()}
+    vars(module).update(shared_attrs)
+    try:
+        for i in range(num):
+            vars(module).update(tree_map(lambda t, i=i: t[i], batched_attrs))
+            with torch.no_grad():
+                for n, p in own.items():
+                    p.copy_(stacked[n][i])
+                for n, b in own_buffers.items():
+                    b.copy_(buffers[n][i])
+            global_step = 0
+            for (name, phase_params, spec), (idx, valid, active) in zip(plans, host):
+                module.current_phase = name
+                for n, p in own.items():
+                    p.requires_grad_(n in phase_params)
+                params = {n: own[n] for n in phase_params}
+                optim = FunctionalOptimizer(spec)
+                for t in np.flatnonzero(active[i]):
+                    rows = torch.as_tensor(idx[i, t][valid[i, t]], device=device)
+                    xb, yb = x_all[rows], y_all[rows]
+                    if transform is not None:
+                        xb = transform(xb, generators[i])
+                    capture.take_step()
+                    loss = module.training_step((xb, yb), global_step + int(t))
+                    logged = capture.take_step()
+                    grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
+                    grads = {
+                        n: torch.zeros_like(p) if g is None else g
+                        for (n, p), g in zip(params.items(), grads)
+                    }
+                    optim.step(dict(params), grads, None, in_place=True)
+                    loss_sum[i] += loss.detach()
+                    for key, value in logged.items():
+                        if key not in log_sums:
+                            log_sums[key] = torch.zeros(num, device=device)
+                            log_counts[key] = torch.zeros(num, dtype=torch.long, device=device)
+                        log_sums[key][i] += value.detach().float()
+                        log_counts[key][i] += 1
+                global_step += idx.shape[1]
+            with torch.no_grad():
+                for n, t in stacked.items():
+                    t[i] = own[n]
+    finally:
+        module.generator = generator_backup
+        for n, p in own.items():
+            p.requires_grad_(requires[n])
     return stacked, loss_sum, log_sums, log_counts
 
 

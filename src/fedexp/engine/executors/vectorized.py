@@ -1,5 +1,8 @@
 """executor=vectorized: the round's clients that share an architecture train at once (torch.func).
 
+On a CPU, `executor.stack=auto` trains a chunk's stacked clients one after another (`stacked`'s
+loop form: the rules below then hold trivially); the rules are those of the vmap form.
+
 The objective is the module's own `training_step`, run under `functional_call` with each
 client's parameters and vmapped over the cohort; `grad` differentiates it and a functional
 SGD/Adam (`functional_optim`) keeps one optimizer state per client. What a module must satisfy:
@@ -81,6 +84,15 @@ class _ClientRun:
     payload: Message | None = None  # what the client received, handed back to `client_end`
 
 
+def stack_form(stack: str, cuda: bool, static_shapes: bool) -> str:
+    """`executor.stack`'s form: auto is vmap on CUDA (a round's time there is the host's
+    launches) or with static shapes (what a CUDA graph replays), loop on a CPU (a batched kernel
+    saves nothing there and its stacked activations leave the cache)."""
+    if stack != "auto":
+        return stack
+    return "vmap" if cuda or static_shapes else "loop"
+
+
 class VectorizedExecutor:
     """Trains each architecture group of the cohort at once with `torch.func`.
 
@@ -88,6 +100,9 @@ class VectorizedExecutor:
 
     Args:
         chunk_size: at most this many clients per vmapped call (bounds GPU memory); None: all.
+        stack: how a chunk trains (`stacked`): "vmap" (one vmapped step for all its clients),
+            "loop" (one client after another on the same stacked state), "auto" (vmap on CUDA
+            or with static shapes, loop on a CPU).
     """
 
     def __init__(
@@ -96,18 +111,24 @@ class VectorizedExecutor:
         static_shapes: bool,
         cuda_graphs: bool,
         device: str,
+        stack: str,
     ):
         if chunk_size is not None and chunk_size < 1:
             raise ConfigError(f"executor.chunk_size: must be >= 1 or null, got {chunk_size}")
         for key, value in (("static_shapes", static_shapes), ("cuda_graphs", cuda_graphs)):
             if not isinstance(value, bool):
                 raise ConfigError(f"executor.{key}: must be true or false, got {value!r}")
+        if stack not in ("auto", "vmap", "loop"):
+            raise ConfigError(f"executor.stack: must be auto, vmap or loop, got {stack!r}")
         cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
         if cuda_graphs and not cuda:
             raise ConfigError("executor.cuda_graphs: needs training on CUDA (device=cuda)")
+        if stack == "loop" and (static_shapes or cuda_graphs):
+            raise ConfigError("executor.static_shapes / cuda_graphs: need executor.stack=vmap")
         self.chunk_size = chunk_size
         self.static_shapes = static_shapes or cuda_graphs
         self.cuda_graphs = cuda_graphs
+        self.stack = stack_form(stack, cuda, self.static_shapes)
         self.cohort_size = 0  # static shapes: the largest cohort so far (chunks pad to it)
 
     def check_algorithm(self, algorithm: Algorithm, num_clients: int) -> None:
@@ -134,8 +155,9 @@ class VectorizedExecutor:
             self.cohort_size = max(self.cohort_size, len(ctx.client_ids))
             pad_to = min(self.chunk_size or self.cohort_size, self.cohort_size)
         cohort = run_cohort(
-            algorithm, payloads, ctx, data, batch_size, self.chunk_size, pad_to, self.cuda_graphs
-        )
+            algorithm, payloads, ctx, data, batch_size, self.chunk_size, pad_to,
+            self.cuda_graphs, loop=self.stack == "loop",
+        )  # fmt: skip
         if cohort is not None:
             return cohort
         runs = [
@@ -242,6 +264,7 @@ class VectorizedExecutor:
             schedules,
             generators,
             transform,
+            loop=self.stack == "loop",
         )
         out = {}
         for i, r in enumerate(runs):
