@@ -294,7 +294,7 @@ def train_looped(
     returns is laid out as the `vmap` form's."""
     num = next(iter(stacked.values())).shape[0]
     device = x_all.device
-    stacked = {n: t.clone() for n, t in stacked.items()}  # rows written as clients finish
+    start, stacked = stacked, {n: torch.empty_like(t) for n, t in stacked.items()}
     own = dict(module.named_parameters())
     own_buffers = dict(module.named_buffers())
     loss_sum = torch.zeros(num, device=device)
@@ -311,7 +311,7 @@ def train_looped(
             vars(module).update(tree_map(lambda t, i=i: t[i], batched_attrs))
             with torch.no_grad():
                 for n, p in own.items():
-                    p.copy_(stacked[n][i])
+                    p.copy_(start[n][i])
                 for n, b in own_buffers.items():
                     b.copy_(buffers[n][i])
             global_step = 0
@@ -343,7 +343,7 @@ def train_looped(
                         log_sums[key][i] += value.detach().float()
                         log_counts[key][i] += 1
                 global_step += idx.shape[1]
-            with torch.no_grad():
+            with torch.no_grad():  # the trained row (the start's rows are left as they were)
                 for n, t in stacked.items():
                     t[i] = own[n]
     finally:
