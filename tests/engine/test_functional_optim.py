@@ -93,3 +93,16 @@ def test_spec_reads_param_groups_and_rejects_other_optimizers():
     assert (specs["a"].lr, specs["b"].lr, specs["b"].momentum) == (0.1, 0.5, 0.9)
     with pytest.raises(ConfigError, match="executor"):
         spec_from_optimizer(torch.optim.RMSprop([a]), {id(a): "a"})
+
+
+def test_a_parameter_without_gradient_takes_no_step_as_in_torch():
+    # weight decay and momentum would move it if a zero gradient were stepped
+    spec = GroupSpec("sgd", lr=0.5, momentum=0.9, weight_decay=0.1)
+    params = {"a": torch.ones(2, 1), "b": torch.ones(2, 1)}
+    optim = FunctionalOptimizer({"a": spec, "b": spec})
+    optim.step(params, {"a": torch.ones(2, 1)}, None)
+    assert torch.equal(params["b"], torch.ones(2, 1)) and optim.state["b"] == {}
+    w = torch.nn.Parameter(torch.ones(1))
+    opt = torch.optim.SGD([w], lr=0.5, momentum=0.9, weight_decay=0.1)
+    opt.step()  # w.grad is None
+    assert torch.equal(w.detach(), torch.ones(1)) and not opt.state[w]

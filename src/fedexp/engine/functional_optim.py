@@ -110,7 +110,10 @@ class FunctionalOptimizer:
         (`in_place`: always, the parameters are the caller's to update)."""
         self.steps += 1
         for name, spec in self.specs.items():
-            p, g = params[name], grads[name]
+            g = grads.get(name)
+            if g is None:  # no gradient (unused this step): no step, as torch.optim skips it
+                continue
+            p = params[name]
             if spec.weight_decay:
                 g = g.add(p, alpha=spec.weight_decay)
             owned = active is None and (in_place or self._own.get(name) is p)

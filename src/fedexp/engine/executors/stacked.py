@@ -330,10 +330,7 @@ def train_looped(
                     loss = module.training_step((xb, yb), global_step + int(t))
                     logged = capture.take_step()
                     grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
-                    grads = {
-                        n: torch.zeros_like(p) if g is None else g
-                        for (n, p), g in zip(params.items(), grads)
-                    }
+                    grads = {n: g for n, g in zip(params, grads) if g is not None}
                     optim.step(dict(params), grads, None, in_place=True)
                     loss_sum[i] += loss.detach()
                     for key, value in logged.items():
