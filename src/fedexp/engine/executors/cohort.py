@@ -57,18 +57,42 @@ def run_cohort(
         return None
     check_vmappable(module)
     module.train()
+    plans, lrs = _phase_plans(module)
+    x_all, y_all, sizes = cohort_train_data(data, ids)
+    schedules = _schedules(ctx, ids, sizes, plans, batch_size)
+    buffers = {n: start.params[n] for n, _ in module.named_buffers()}
+    params, loss_sum, log_sums, log_counts = _train_chunks(
+        algorithm, module, ctx, ids, start, buffers, plans, (x_all, y_all), schedules,
+        (chunk_size, pad_to, capture, loop),
+    )  # fmt: skip
+    params.update(buffers)  # buffers as the clients began (no running statistics here)
+    epochs = sum(e for _, _, e, _ in plans)
+    steps = [epochs * -(-n // batch_size) for n in sizes]
+    steps_t = torch.tensor([max(k, 1) for k in steps], device=loss_sum.device)
+    training = CohortTraining(ids, list(sizes), steps, loss_sum / steps_t, tuple(lrs))
+    upload = algorithm.cohort_end(module, messages, params, training)
+    logged = {k: log_sums[k] / log_counts[k].clamp(min=1) for k in log_sums}
+    return CohortResults(training, upload, logged, log_counts)
+
+
+def _phase_plans(module) -> tuple[list[tuple[str, tuple[str, ...], int, dict]], list[float]]:
+    """Each phase's (name, parameter names, epochs, optimizer spec), and the optimizers'
+    learning rates, from the module's `phases` and `configure_optimizers`."""
     names = {id(p): n for n, p in module.named_parameters()}
-    plans: list[tuple[str, tuple[str, ...], int, dict]] = []  # name, params, epochs, spec
-    lrs: list[float] = []
+    plans, lrs = [], []
     for phase in module.phases():
         module.start_phase(phase)
         optimizer = module.configure_optimizers()
         spec = spec_from_optimizer(optimizer, names)
         plans.append((phase.name, tuple(names[id(p)] for p in phase.params), phase.epochs, spec))
         lrs.extend(optimizer_lrs(optimizer))
-    x_all, y_all, sizes = cohort_train_data(data, ids)
-    # each client's permutation of every epoch of every phase, in that order, from its own
-    # generator (as the sequential loop draws them), brought to the host at once
+    return plans, lrs
+
+
+def _schedules(ctx: RoundContext, ids: list[int], sizes, plans, batch_size: int) -> list:
+    """Each phase's `Schedule` (host arrays): each client's permutation of every epoch of every
+    phase, in that order, drawn from its own generator (as the sequential loop draws them) and
+    brought to the host at once."""
     total_epochs = sum(e for _, _, e, _ in plans)
     perms = []
     for cid, n in zip(ids, sizes):
@@ -77,8 +101,6 @@ def run_cohort(
     flat = torch.cat(perms).numpy() if perms else np.zeros(0, np.int64)
     cuts = np.cumsum([n for n in sizes for _ in range(total_epochs)])[:-1]
     pieces = np.split(flat, cuts)
-    per_epoch = [-(-n // batch_size) for n in sizes]
-    steps = [total_epochs * k for k in per_epoch]
     schedules, used = [], 0
     for _, _, epochs, _ in plans:
         phase_orders = [
@@ -87,9 +109,15 @@ def run_cohort(
         ]
         schedules.append(schedule(phase_orders, sizes, batch_size))
         used += epochs
-    param_names = [n for n, _ in module.named_parameters()]
-    stacked = {n: start.params[n] for n in param_names}
-    buffers = {n: start.params[n] for n, _ in module.named_buffers()}
+    return schedules
+
+
+def _train_chunks(algorithm, module, ctx, ids, start, buffers, plans, data, schedules, how):
+    """`train_stacked` over the cohort, chunk by chunk (`how`: chunk size, pad_to, capture,
+    loop); (params, loss sums, logged sums, logged counts), each [C, ...] over the cohort."""
+    chunk_size, pad_to, capture, loop = how
+    x_all, y_all = data
+    stacked = {n: start.params[n] for n, _ in module.named_parameters()}
     chunk = chunk_size or len(ids)
     trained, losses, sums, counts = [], [], [], []
     for a in range(0, len(ids), chunk):
@@ -118,18 +146,13 @@ def run_cohort(
         sums.append({k: v[:real] for k, v in out[2].items()})
         counts.append({k: v[:real] for k, v in out[3].items()})
     if len(trained) == 1 and pad_to is None:
-        params, loss_sum, log_sums, log_counts = trained[0], losses[0], sums[0], counts[0]
-    else:
-        params = {n: torch.cat([t[n] for t in trained]) for n in trained[0]}
-        loss_sum = torch.cat(losses)
-        log_sums = {k: torch.cat([s[k] for s in sums]) for k in sums[0]}
-        log_counts = {k: torch.cat([c[k] for c in counts]) for k in counts[0]}
-    params.update(buffers)  # buffers as the clients began (no running statistics here)
-    steps_t = torch.tensor([max(k, 1) for k in steps], device=loss_sum.device)
-    training = CohortTraining(ids, list(sizes), steps, loss_sum / steps_t, tuple(lrs))
-    upload = algorithm.cohort_end(module, messages, params, training)
-    logged = {k: log_sums[k] / log_counts[k].clamp(min=1) for k in log_sums}
-    return CohortResults(training, upload, logged, log_counts)
+        return trained[0], losses[0], sums[0], counts[0]
+    return (
+        {n: torch.cat([t[n] for t in trained]) for n in trained[0]},
+        torch.cat(losses),
+        {k: torch.cat([s[k] for s in sums]) for k in sums[0]},
+        {k: torch.cat([c[k] for c in counts]) for k in counts[0]},
+    )
 
 
 def cohort_train_data(data, client_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
