@@ -22,6 +22,7 @@ SENT140 = "dataset.data_dir=<sent140>"
 # (overrides, a substring of the one-line message)
 BAD_CONFIGS: list[tuple[tuple[str, ...], str]] = [
     (("partition=natural",), "partition: natural split needs a dataset with client ids"),
+    (("malloc_keep=3",), "malloc_keep: must be true or false, got 3"),
     (
         ("executor=vectorized", "executor.stack=grouped"),
         "executor.stack: must be auto, vmap or loop, got 'grouped'",

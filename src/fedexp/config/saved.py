@@ -11,7 +11,9 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from fedexp.config.build import labelled_choices
 from fedexp.errors import ConfigError
 
-RESUME_OVERRIDABLE = ("device", "threads", "progress", "progress_every_s", "checkpoint_every")
+RESUME_OVERRIDABLE = (
+    "device", "threads", "malloc_keep", "progress", "progress_every_s", "checkpoint_every"
+)  # fmt: skip
 
 
 def read_yaml(path: Path, who: str = "resume") -> DictConfig:

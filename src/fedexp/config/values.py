@@ -137,6 +137,7 @@ SCALARS: dict[str, tuple[Any, tuple | None]] = {
     "eval.personal_clients": (int | None, (">=", 1)),
     "device": (str, None),
     "progress": (bool, None),
+    "malloc_keep": (bool, None),
     "progress_every_s": (float | None, (">=", 0)),
     "objective": (str | None, None),
     "client.local_epochs": (int, (">=", 1)),

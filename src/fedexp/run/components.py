@@ -40,6 +40,7 @@ from fedexp.runtime.checkpoint import (
     load_checkpoint,
 )
 from fedexp.runtime.resume import Checkpointer
+from fedexp.runtime.allocator import keep_freed_blocks
 from fedexp.runtime.threads import apply_threads, measures_step, step_flops
 
 log = logging.getLogger(__name__)
@@ -186,6 +187,7 @@ def build_components(cfg: DictConfig, run_dir: str | Path, resume: bool = False)
     run_dir = Path(run_dir)
     device = resolve_device(cfg.device)
     setting = cfg.get("threads", "auto")
+    log.info("memory: %s", keep_freed_blocks(cfg.get("malloc_keep", True)))
     # the data is built with one thread under auto (its numbers must not depend on the load)
     threads, why = apply_threads(setting, device)
     checkpoint = None
