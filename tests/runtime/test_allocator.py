@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import pytest
+from tests.conftest import REPO
 
 from fedexp.runtime import allocator
-from tests.conftest import REPO
 
 # a 64 MB block (16 384 pages of 4 KiB) allocated, written page by page and freed, 4 times;
 # the page faults of the last 3 are counted (a process of its own: the setting is process-wide)
