@@ -32,6 +32,7 @@ from fedexp.data.schemes import check_client_count
 from fedexp.data.server_pool import reserve_server_pool
 from fedexp.engine.aggregation import check_aggregator
 from fedexp.engine.orchestrator import Orchestrator
+from fedexp.runtime.allocator import keep_freed_blocks
 from fedexp.runtime.checkpoint import (
     CHECKPOINT_FILE,
     check_resumed_data,
@@ -40,7 +41,6 @@ from fedexp.runtime.checkpoint import (
     load_checkpoint,
 )
 from fedexp.runtime.resume import Checkpointer
-from fedexp.runtime.allocator import keep_freed_blocks
 from fedexp.runtime.threads import apply_threads, measures_step, step_flops
 
 log = logging.getLogger(__name__)
