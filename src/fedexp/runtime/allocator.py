@@ -6,8 +6,8 @@ mapped again and the kernel faults and zeroes it in, page by page, at first touc
 step that allocates the same large tensors every step (a cohort's stacked parameters and
 gradients: 10 clients of the pfl CNN are 64 MB a tensor) pays that every step. With the mmap
 threshold and the trim threshold raised, freed blocks stay in the heap and the next allocation
-reuses them: the pfl-CIFAR10 CPU workload ran 7-10 % faster, the plain loop beside it too
-(docs/BENCHMARKS.md). The process keeps what it freed (its resident size stays at its peak), as
+reuses them: on the pfl-CIFAR10 CPU workload fedexp and the plain loop beside it took 2.8-3.0 s
+a run with it, 3.1-3.6 s without (docs/BENCHMARKS.md). The process keeps what it freed (its resident size stays at its peak), as
 jemalloc or tcmalloc, which PyTorch's CPU tuning guide recommends for this, would. Results do
 not change: only where memory comes from.
 """
