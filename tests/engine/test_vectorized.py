@@ -50,8 +50,9 @@ def train(exp: Experiment) -> tuple[torch.Tensor, dict]:
 ALGORITHMS = sorted(
     p.stem for p in (REPO / "conf" / "algorithm").glob("*.yaml") if not p.stem.startswith("_")
 )
-# objectives that draw random numbers inside training_step (Concrete samples): under vmap the
-# draws come from other streams, so only "trains and stays finite" is comparable
+# objectives that draw random numbers inside training_step (Concrete samples): the vectorized
+# executor draws them from one stream per chunk (both forms), the sequential executor from one
+# per client, so only "trains and stays finite" is comparable
 STOCHASTIC = {"waffle"}
 VARIANTS = {
     "fedprox": ["algorithm.mu=0.5"],

@@ -61,6 +61,13 @@ def test_kept_blocks_are_reused_where_the_default_maps_them_anew():
 
 
 def test_nothing_is_changed_when_off_or_not_glibc(monkeypatch):
+    monkeypatch.setattr(allocator, "_kept", False)  # as in a fresh process
     assert allocator.keep_freed_blocks(False) == "the C library's defaults (malloc_keep: false)"
     monkeypatch.setattr(allocator.platform, "libc_ver", lambda: ("", ""))
     assert allocator.keep_freed_blocks(True) == "the C library's defaults (not glibc)"
+
+
+def test_a_later_run_that_turns_it_off_is_told_it_stays_on(monkeypatch):
+    monkeypatch.setattr(allocator, "_kept", True)
+    said = allocator.keep_freed_blocks(False)
+    assert said == "freed blocks kept for reuse, as an earlier run in this process set it"

@@ -62,8 +62,8 @@ def run_cohort(
     schedules = _schedules(ctx, ids, sizes, plans, batch_size)
     buffers = {n: start.params[n] for n, _ in module.named_buffers()}
     params, loss_sum, log_sums, log_counts = _train_chunks(
-        algorithm, module, ctx, ids, start, buffers, plans, (x_all, y_all), schedules,
-        (chunk_size, pad_to, capture, loop),
+        algorithm, module, ctx, start, buffers, plans, x_all, y_all, schedules,
+        chunk_size=chunk_size, pad_to=pad_to, capture=capture, loop=loop,
     )  # fmt: skip
     params.update(buffers)  # buffers as the clients began (no running statistics here)
     epochs = sum(e for _, _, e, _ in plans)
@@ -112,11 +112,13 @@ def _schedules(ctx: RoundContext, ids: list[int], sizes, plans, batch_size: int)
     return schedules
 
 
-def _train_chunks(algorithm, module, ctx, ids, start, buffers, plans, data, schedules, how):
-    """`train_stacked` over the cohort, chunk by chunk (`how`: chunk size, pad_to, capture,
-    loop); (params, loss sums, logged sums, logged counts), each [C, ...] over the cohort."""
-    chunk_size, pad_to, capture, loop = how
-    x_all, y_all = data
+def _train_chunks(
+    algorithm, module, ctx, start, buffers, plans, x_all, y_all, schedules, *,
+    chunk_size, pad_to, capture, loop,
+):  # fmt: skip
+    """`train_stacked` over the cohort, chunk by chunk (`run_cohort`'s arguments); (params,
+    loss sums, logged sums, logged counts), each [C, ...] over the cohort."""
+    ids = list(ctx.client_ids)
     stacked = {n: start.params[n] for n, _ in module.named_parameters()}
     chunk = chunk_size or len(ids)
     trained, losses, sums, counts = [], [], [], []

@@ -9,11 +9,12 @@ CUDA only) and replays.
 
 Two forms train the same stacked state (`executor.stack`). `vmap`: one vmapped step for all the
 clients of a chunk, the form for a GPU, where a round's time is the host's launches. `loop`: the
-clients one after another, each step on its own row of the stacked parameters with the same
-`grad` of the same `training_step`, and each epoch's short last batch as it is (no padding).
+clients one after another, each client's row of the stacked parameters loaded into the module
+and trained there with autograd (`train_looped`), each epoch's short last batch as it is.
 On a CPU a batched kernel does the same arithmetic as the per-client ones, so batching saves
 nothing there, while the cohort's stacked activations leave the cache: the vmapped grouped
-convolution of LeNet-5 takes 1.5x its per-client convolutions. `auto` is `loop` on a CPU.
+convolution of LeNet-5 (its backward above all) made the vmap form 2.1x the sequential
+executor's time there (docs/BENCHMARKS.md). `auto` is `loop` on a CPU.
 """
 
 from __future__ import annotations

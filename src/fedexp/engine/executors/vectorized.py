@@ -1,7 +1,8 @@
 """executor=vectorized: the round's clients that share an architecture train at once (torch.func).
 
 On a CPU, `executor.stack=auto` trains a chunk's stacked clients one after another (`stacked`'s
-loop form: the rules below then hold trivially); the rules are those of the vmap form.
+loop form, the module trained as the sequential executor trains it). The rules below are the vmap
+form's: what a module must meet to run on a GPU (`check_algorithm` applies them in both forms).
 
 The objective is the module's own `training_step`, run under `functional_call` with each
 client's parameters and vmapped over the cohort; `grad` differentiates it and a functional
