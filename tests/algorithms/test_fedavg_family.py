@@ -84,3 +84,20 @@ def test_fedrep_heads_stay_on_clients_and_differ(two_clients):
     personal = algo.personal_model(new, 1)
     assert torch.equal(flat_params(list(personal.head.parameters())), h1)  # client 1's own head
     assert torch.equal(flat_params(list(personal.body.parameters())), new.params)
+
+
+def test_fedavg_lays_the_shared_parameters_out_in_one_buffer(two_clients):
+    algo = FedAvg(make_ctx(two_clients, factory=small_mlp, seed=3))
+    _, _, fast, _ = one_round(algo, two_clients)
+    for model in (algo.module.model, algo.eval_model):
+        params = algo.shared(model)
+        base, size = params[0].data_ptr(), params[0].element_size()
+        offsets = [p.data_ptr() - base for p in params]
+        assert offsets == [0, 8 * size, 12 * size, 20 * size]  # 8 + 4 + 8 + 2 floats in a row
+    # the same round with the layout undone (per-tensor loads and reads): the same numbers
+    slow_algo = FedAvg(make_ctx(two_clients, factory=small_mlp, seed=3))
+    for model in (slow_algo.module.model, slow_algo.eval_model):
+        for p in slow_algo.shared(model):
+            p.data = p.data.clone()
+    _, _, slow, _ = one_round(slow_algo, two_clients)
+    assert torch.equal(fast.params, slow.params)

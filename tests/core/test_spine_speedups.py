@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from fedexp.core.algorithm import Algorithm
+from fedexp.core.algorithm import Algorithm, flat_params, load_flat, share_storage
 from fedexp.core.client import ClientModule
 from fedexp.core.local import ClientConfig
 from fedexp.core.seeding import seed_global_rng
@@ -42,3 +42,70 @@ def test_model_params_follow_a_replaced_model():
     assert module.model_params() == tuple(module.model.parameters())
     assert [p.shape for p in module.phases()[0].params] == [(3, 2), (3,), (1, 3), (1,)]
     assert cfg.optimizer_spec == ("sgd", {"lr": 0.1, "weight_decay": 0.0, "momentum": 0.0})
+
+
+def _net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+
+
+def _per_tensor(params) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in params])
+
+
+def test_shared_storage_keeps_values_and_makes_load_and_read_one_buffer():
+    model = _net()
+    params = list(model.parameters())
+    before = [p.detach().clone() for p in params]
+    share_storage(params)
+    assert all(torch.equal(p, b) for p, b in zip(params, before))  # values unchanged
+    assert list(model.parameters()) == params  # the same objects (optimizers hold them)
+    base = params[0].data_ptr()
+    offsets = [p.data_ptr() - base for p in params]
+    assert offsets == [0, 48, 64, 96]  # 12, 4, 8 floats of 4 bytes, one after the other
+    vector = torch.arange(26, dtype=torch.float32)
+    load_flat(params, vector)
+    assert torch.equal(params[0], vector[:12].view(4, 3))
+    assert torch.equal(params[3], vector[24:])
+    read = flat_params(params)
+    assert torch.equal(read, vector) and read.data_ptr() != base  # a copy
+    vector.add_(1.0)  # no aliasing: the parameters do not follow the loaded vector
+    assert params[3].tolist() == [24.0, 25.0]
+
+
+def test_shared_storage_trains_like_separate_tensors():
+    x, y = torch.randn(8, 3), torch.randint(0, 2, (8,))
+    results = []
+    for shared in (False, True):
+        model = _net()
+        if shared:
+            share_storage(list(model.parameters()))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+        for _ in range(3):
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        results.append(flat_params(list(model.parameters())))
+    assert torch.equal(results[0], results[1])
+
+
+def test_a_replaced_storage_only_loses_the_shortcut():
+    model = _net()
+    params = list(model.parameters())
+    share_storage(params)
+    params[2].data = params[2].data.clone()  # what `module.to` or a reload does to one tensor
+    vector = torch.arange(26, dtype=torch.float32)
+    load_flat(params, vector)
+    assert torch.equal(flat_params(params), vector)
+    assert torch.equal(_per_tensor(params), vector)
+    assert torch.equal(flat_params(params[1:]), vector[12:])  # another list: per tensor
+
+
+def test_shared_storage_leaves_mixed_dtypes_alone():
+    a = nn.Parameter(torch.ones(2))
+    b = nn.Parameter(torch.ones(2, dtype=torch.float64))
+    share_storage([a, b])
+    assert a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()
+    load_flat([a, b], torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    assert b.tolist() == [3.0, 4.0] and b.dtype == torch.float64

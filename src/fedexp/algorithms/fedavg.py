@@ -22,7 +22,14 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-from fedexp.core.algorithm import Algorithm, BuildContext, flat_params, load_flat, named_views
+from fedexp.core.algorithm import (
+    Algorithm,
+    BuildContext,
+    flat_params,
+    load_flat,
+    named_views,
+    share_storage,
+)
 from fedexp.core.client import ClientModule
 from fedexp.core.cohort import (
     CohortStart,
@@ -73,12 +80,14 @@ class FedAvg(Algorithm):
 
     def shared(self, model: nn.Module) -> list[nn.Parameter]:
         """The parameters that travel and are averaged (read once per model object: walking the
-        module tree twice per client costs as much as a small model's step)."""
+        module tree twice per client costs as much as a small model's step), laid out in one
+        buffer (`share_storage`)."""
         cache = self.__dict__.get("_params_cache")
         if cache is None:
             cache = self.__dict__["_params_cache"] = weakref.WeakKeyDictionary()
         if model not in cache:
             cache[model] = tuple(model.parameters())
+            share_storage(cache[model])  # a client's load and upload: one copy each
         return list(cache[model])
 
     def stat_buffers(self, model: nn.Module) -> list[torch.Tensor]:

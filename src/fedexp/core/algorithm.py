@@ -5,6 +5,7 @@ The round loop only moves messages; what a payload or an upload *is* belongs to 
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -211,14 +212,71 @@ class Algorithm:
         return {}
 
 
+# id of the first parameter -> (a weak reference to it, the buffer, the ids of the parameters
+# laid out in it, in order); an entry goes when its first parameter does (tensors compare
+# elementwise, so they cannot key a WeakKeyDictionary)
+_SHARED_STORAGE: dict[int, tuple[weakref.ref, torch.Tensor, tuple[int, ...]]] = {}
+
+
+@torch.no_grad()
+def share_storage(params: Sequence[nn.Parameter]) -> None:
+    """Lay `params` out, in this order, as views of one contiguous buffer, so that `flat_params`
+    and `load_flat` over exactly these parameters are one copy each instead of one per tensor.
+
+    Values, shapes, dtypes, devices and the parameter objects (which optimizers hold) stay
+    as they were. Nothing is done where the parameters differ in dtype or device, or already
+    share a buffer. A parameter whose storage is later replaced (`module.to`, a deep copy's
+    fresh tensors) only loses the fast path: `flat_params` and `load_flat` check the layout on
+    every call.
+    """
+    params = list(params)
+    if len(params) < 2 or _shared_buffer(params) is not None:
+        return
+    first = params[0]
+    if any(p.dtype != first.dtype or p.device != first.device for p in params):
+        return
+    buffer = torch.cat([p.detach().reshape(-1) for p in params])
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.data = buffer[offset : offset + n].view(p.shape)
+        offset += n
+    key = id(first)
+    gone = weakref.ref(first, lambda _ref: _SHARED_STORAGE.pop(key, None))
+    _SHARED_STORAGE[key] = (gone, buffer, tuple(id(p) for p in params))
+
+
+def _shared_buffer(params: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """The buffer `share_storage` laid `params` out in, if they are still exactly its views."""
+    entry = _SHARED_STORAGE.get(id(params[0])) if params else None
+    if entry is None:
+        return None
+    first, buffer, ids = entry
+    if first() is not params[0] or len(ids) != len(params):
+        return None
+    address, itemsize = buffer.data_ptr(), buffer.element_size()
+    for p, pid in zip(params, ids):
+        if id(p) != pid or p.data_ptr() != address or not p.is_contiguous():
+            return None
+        address += p.numel() * itemsize
+    return buffer
+
+
 def flat_params(params: Sequence[nn.Parameter]) -> torch.Tensor:
     """Concatenate parameters into one detached flat vector (a copy)."""
+    buffer = _shared_buffer(params)
+    if buffer is not None:
+        return buffer.clone()
     return torch.cat([p.detach().reshape(-1) for p in params])
 
 
 @torch.no_grad()
 def load_flat(params: Sequence[nn.Parameter], flat: torch.Tensor) -> None:
     """Copy a flat vector into parameters in place (no aliasing)."""
+    buffer = _shared_buffer(params)
+    if buffer is not None and flat.shape == buffer.shape:
+        buffer.copy_(flat)
+        return
     offset = 0
     for p in params:
         n = p.numel()
