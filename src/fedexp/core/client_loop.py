@@ -28,7 +28,7 @@ import torch
 from fedexp.core.algorithm import Algorithm
 from fedexp.core.client import ClientModule
 from fedexp.core.local import LocalTraining, PhaseTraining, optimizer_lrs
-from fedexp.core.seeding import CLIENT, client_generator, derive_seed, seed_global_rng
+from fedexp.core.seeding import client_seeds, seed_global_rng
 from fedexp.core.types import ClientResult, Message
 
 
@@ -79,8 +79,8 @@ def train_local(
 def client_streams(seed: int, round_idx: int, client_id: int) -> tuple[int, torch.Generator]:
     """(seed of torch's global RNG, the client's own generator) of a client in a round: any use
     of the global RNG (dropout, sampling) is also a function of (seed, round, id)."""
-    global_seed = derive_seed(seed, CLIENT, round_idx, client_id, 1)
-    return global_seed, client_generator(seed, round_idx, client_id)
+    own, global_seed = client_seeds(seed, round_idx, client_id)
+    return global_seed, torch.Generator().manual_seed(own)
 
 
 def begin_client(

@@ -39,6 +39,68 @@ def client_arch(seed: int, client_id: int, num_archs: int) -> int:
     return int(rng.integers(num_archs))
 
 
+# numpy's SeedSequence hash (`np.random.SeedSequence`, pool of 4 words) for entropy words below
+# 2**32: a client's two seeds share their first four words, so `client_seeds` mixes those once
+_M32 = 0xFFFFFFFF
+_INIT_A, _MULT_A, _INIT_B, _MULT_B = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED
+_MIX_L, _MIX_R = 0xCA01F9DD, 0x4973F715
+
+
+def _pool_of(words: tuple[int, int, int, int]) -> tuple[list[int], int]:
+    """SeedSequence's pool after mixing four entropy words, and its running hash constant."""
+    h = _INIT_A
+    pool = []
+    for w in words:
+        w ^= h
+        h = h * _MULT_A & _M32
+        w = w * h & _M32
+        pool.append(w ^ w >> 16)
+    for src in range(4):
+        for dst in range(4):
+            if src != dst:
+                v = pool[src] ^ h
+                h = h * _MULT_A & _M32
+                v = v * h & _M32
+                r = (_MIX_L * pool[dst] - _MIX_R * (v ^ v >> 16)) & _M32
+                pool[dst] = r ^ r >> 16
+    return pool, h
+
+
+def _mix_in(pool: list[int], h: int, word: int) -> int:
+    """Mix one more entropy word (past the fourth) into the pool; returns the hash constant."""
+    for dst in range(4):
+        v = word ^ h
+        h = h * _MULT_A & _M32
+        v = v * h & _M32
+        r = (_MIX_L * pool[dst] - _MIX_R * (v ^ v >> 16)) & _M32
+        pool[dst] = r ^ r >> 16
+    return h
+
+
+def _seed_of(pool: list[int]) -> int:
+    """`derive_seed`'s value of a mixed pool: generate_state(2, uint64)[0] >> 1."""
+    lo = pool[0] ^ _INIT_B
+    h = _INIT_B * _MULT_B & _M32
+    lo = lo * h & _M32
+    hi = pool[1] ^ h
+    h = h * _MULT_B & _M32
+    hi = hi * h & _M32
+    return ((hi ^ hi >> 16) << 32 | lo ^ lo >> 16) >> 1
+
+
+def client_seeds(seed: int, round_idx: int, client_id: int) -> tuple[int, int]:
+    """(derive_seed(seed, CLIENT, round, id), derive_seed(seed, CLIENT, round, id, 1)): the seeds
+    of a client's own generator and of torch's global RNG in a round, the same values computed
+    together (the client loop pays for one hash instead of two numpy SeedSequences)."""
+    words = (int(seed), CLIENT, int(round_idx), int(client_id))
+    if not all(0 <= w <= _M32 for w in words):
+        return derive_seed(*words), derive_seed(*words, 1)
+    pool, h = _pool_of(words)
+    own = _seed_of(pool)
+    _mix_in(pool, h, 1)
+    return own, _seed_of(pool)
+
+
 def client_generator(seed: int, round_idx: int, client_id: int) -> torch.Generator:
     """The client's own stream for shuffling and sampling in this round."""
     return torch.Generator().manual_seed(derive_seed(seed, CLIENT, round_idx, client_id))
