@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from fedexp.core.algorithm import Algorithm, flat_params, load_flat, share_storage
+from fedexp.core.algorithm import Algorithm, flat_delta, flat_params, load_flat, share_storage
 from fedexp.core.client import ClientModule
 from fedexp.core.local import ClientConfig
 from fedexp.core.seeding import seed_global_rng
@@ -109,3 +109,15 @@ def test_shared_storage_leaves_mixed_dtypes_alone():
     assert a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()
     load_flat([a, b], torch.tensor([1.0, 2.0, 3.0, 4.0]))
     assert b.tolist() == [3.0, 4.0] and b.dtype == torch.float64
+
+
+def test_flat_delta_is_the_parameters_minus_the_reference_on_both_paths():
+    reference = torch.linspace(-1.0, 1.0, 26)
+    for shared in (True, False):
+        params = list(_net().parameters())
+        if shared:
+            share_storage(params)
+        delta = flat_delta(params, reference)
+        assert torch.equal(delta, _per_tensor(params) - reference)
+        delta.add_(1.0)  # a new tensor: the parameters do not move with it
+        assert torch.equal(flat_delta(params, reference), _per_tensor(params) - reference)

@@ -25,6 +25,7 @@ from torch import nn
 from fedexp.core.algorithm import (
     Algorithm,
     BuildContext,
+    flat_delta,
     flat_params,
     load_flat,
     named_views,
@@ -235,7 +236,7 @@ class FedAvg(Algorithm):
     def client_end(
         self, module: ClientModule, client_id: int, payload: Message, training: LocalTraining
     ) -> Message:
-        return Weights(flat_params(self.shared(module.model)) - payload.vector)
+        return Weights(flat_delta(self.shared(module.model), payload.vector))
 
     # ---- evaluation ----------------------------------------------------------------------------
     def global_model(self, state: ServerState) -> nn.Module | None:

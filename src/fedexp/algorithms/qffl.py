@@ -29,7 +29,7 @@ import torch
 from fedexp.aggregators import aggregator_name
 from fedexp.aggregators.mean import weighted_mean
 from fedexp.algorithms.fedavg import FedAvg
-from fedexp.core.algorithm import BuildContext, flat_params
+from fedexp.core.algorithm import BuildContext, flat_delta
 from fedexp.core.client import ClientModule
 from fedexp.core.local import LocalTraining
 from fedexp.core.types import (
@@ -114,7 +114,7 @@ class QFedAvg(FedAvg):
     def client_end(
         self, module: ClientModule, client_id: int, payload: Message, training: LocalTraining
     ) -> Message:
-        delta = flat_params(self.shared(module.model)) - payload.vector
+        delta = flat_delta(self.shared(module.model), payload.vector)
         return QfflUpload(delta, self._start_loss.pop(client_id))
 
     # ---- server --------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from fedexp.algorithms.fedavg import FedAvg, payload_rows
-from fedexp.core.algorithm import flat_params
+from fedexp.core.algorithm import flat_delta
 from fedexp.core.client import ClientModule
 from fedexp.core.cohort import CohortStart, stacked_field
 from fedexp.core.local import ClientConfig, LocalTraining
@@ -169,7 +169,7 @@ class Scaffold(FedAvg):
     def client_end(
         self, module: ScaffoldModule, client_id: int, payload: Message, training: LocalTraining
     ) -> Message:
-        delta = flat_params(self.shared(module.model)) - payload.vector  # y_i - x
+        delta = flat_delta(self.shared(module.model), payload.vector)  # y_i - x
         c_i = self._control(client_id, payload.control)
         if training.steps == 0:  # no local step: nothing learned about the drift
             return ScaffoldUpload(delta, torch.zeros_like(c_i))

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from fedexp.algorithms.fedavg import FedAvg
-from fedexp.core.algorithm import BuildContext, flat_params, load_flat
+from fedexp.core.algorithm import BuildContext, flat_delta, load_flat
 from fedexp.core.client import ClientModule
 from fedexp.core.local import LocalTraining
 from fedexp.core.messages import Signs
@@ -53,7 +53,7 @@ class SignSGD(FedAvg):
     def client_end(
         self, module: ClientModule, client_id: int, payload: Message, training: LocalTraining
     ) -> Message:
-        return Signs(to_signs(flat_params(self.shared(module.model)) - payload.vector))
+        return Signs(to_signs(flat_delta(self.shared(module.model), payload.vector)))
 
     def eavesdropped_model(self, payload: Message, upload: Message) -> nn.Module | None:
         """w + server_lr * sign(Δ_u): the model the server would step to were this client the only

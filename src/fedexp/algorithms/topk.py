@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from fedexp.algorithms.fedavg import FedAvg
-from fedexp.core.algorithm import BuildContext, flat_params, load_flat
+from fedexp.core.algorithm import BuildContext, flat_delta, load_flat
 from fedexp.core.client import ClientModule
 from fedexp.core.local import LocalTraining
 from fedexp.core.messages import SparseDelta
@@ -54,7 +54,7 @@ class TopK(FedAvg):
     def client_end(
         self, module: ClientModule, client_id: int, payload: Message, training: LocalTraining
     ) -> Message:
-        update = flat_params(self.shared(module.model)) - payload.vector
+        update = flat_delta(self.shared(module.model), payload.vector)
         if self.error_feedback:
             residual = self.store.get(client_id)
             update = update if residual is None else update + residual

@@ -270,6 +270,15 @@ def flat_params(params: Sequence[nn.Parameter]) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in params])
 
 
+def flat_delta(params: Sequence[nn.Parameter], reference: torch.Tensor) -> torch.Tensor:
+    """`flat_params(params) - reference`, read straight off the parameters' buffer where they
+    share one (`share_storage`): a client's upload without the intermediate copy."""
+    buffer = _shared_buffer(params)
+    if buffer is not None and reference.shape == buffer.shape:
+        return buffer.detach() - reference
+    return flat_params(params) - reference
+
+
 @torch.no_grad()
 def load_flat(params: Sequence[nn.Parameter], flat: torch.Tensor) -> None:
     """Copy a flat vector into parameters in place (no aliasing)."""

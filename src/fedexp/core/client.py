@@ -148,7 +148,7 @@ class ClientModule(nn.Module):
     def user_objective(self) -> bool:
         """Whether the model is a LightningModule whose `training_step` is the task loss (read
         once per model object; its `self.log` then writes into this module's capture)."""
-        if self.__dict__.get("_objective_of") is not self.model:
+        if self.__dict__.get("_objective_of") is not self._modules["model"]:
             user = is_user_objective(self.model)
             if user:
                 route_logs(self.model, self._log_capture)
@@ -161,8 +161,9 @@ class ClientModule(nn.Module):
         `training_step` when it has one (a LightningModule of the user's), else cross-entropy of
         its logits. Another model (e.g. a personal twin of the same class) logs into this
         module's capture too."""
-        if model is None or model is self.model:
-            model, user = self.model, self.user_objective()
+        own = self._modules["model"]  # `self.model` without nn.Module's __getattr__, per step
+        if model is None or model is own:
+            model, user = own, self.user_objective()
         else:
             user = is_user_objective(model)
             if user:
@@ -192,7 +193,9 @@ class ClientModule(nn.Module):
         return self._local_data
 
     def set_local_data(self, data: tuple[torch.Tensor, torch.Tensor] | None) -> None:
-        self._local_data = data
+        # plain attributes (no parameter, buffer or submodule) are written straight into the
+        # instance dict: `nn.Module.__setattr__`'s registration checks cost more, per client
+        self.__dict__["_local_data"] = data
 
     @property
     def log_capture(self) -> LogCapture:
@@ -201,7 +204,7 @@ class ClientModule(nn.Module):
 
     def model_params(self) -> tuple[nn.Parameter, ...]:
         """`tuple(self.model.parameters())`, cached per model object."""
-        if self.__dict__.get("_params_of") is not self.model:
+        if self.__dict__.get("_params_of") is not self._modules["model"]:
             self.__dict__["_model_params"] = tuple(self.model.parameters())
             self.__dict__["_params_of"] = self.model
         return self.__dict__["_model_params"]
@@ -211,12 +214,12 @@ class ClientModule(nn.Module):
 
     def start_phase(self, phase: Phase) -> None:
         """Freeze everything but the phase's parameters."""
-        self.current_phase = phase.name
+        self.__dict__["current_phase"] = phase.name  # plain attributes (`set_local_data`)
         keep = {id(p) for p in phase.params}
         for p in self.model_params():
             if p.requires_grad != (id(p) in keep):
                 p.requires_grad_(id(p) in keep)
-        self._phase_params = phase.params
+        self.__dict__["_phase_params"] = phase.params
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """`client.optimizer` over the phase's parameters; with `client.optimizer=module` the
