@@ -6,7 +6,14 @@ import pytest
 import torch
 from torch import nn
 
-from fedexp.core.algorithm import Algorithm, flat_delta, flat_params, load_flat, share_storage
+from fedexp.core.algorithm import (
+    Algorithm,
+    flat_delta,
+    flat_params,
+    load_flat,
+    share_model_storage,
+    share_storage,
+)
 from fedexp.core.client import ClientModule
 from fedexp.core.local import ClientConfig
 from fedexp.core.seeding import seed_global_rng
@@ -121,3 +128,38 @@ def test_flat_delta_is_the_parameters_minus_the_reference_on_both_paths():
         assert torch.equal(delta, _per_tensor(params) - reference)
         delta.add_(1.0)  # a new tensor: the parameters do not move with it
         assert torch.equal(flat_delta(params, reference), _per_tensor(params) - reference)
+
+
+def test_a_load_between_forward_and_backward_is_still_refused():
+    # the parameters keep their own version counters: the fast load marks them written
+    for shared in (False, True):
+        model = _net()
+        params = list(model.parameters())
+        if shared:
+            share_storage(params)
+        loss = (model(torch.ones(1, 3)) ** 2).sum()
+        load_flat(params, torch.zeros(26))
+        with pytest.raises(RuntimeError, match="inplace"):
+            loss.backward()
+
+
+def test_shared_storage_leaves_strided_or_aliased_parameters_alone():
+    conv = nn.Conv2d(3, 4, 3).to(memory_format=torch.channels_last)
+    weight_strides = conv.weight.stride()
+    share_storage(list(conv.parameters()))
+    assert conv.weight.stride() == weight_strides  # channels-last kept
+    a = nn.Parameter(torch.zeros(4))
+    b = nn.Parameter(a.data[:2])  # b aliases a
+    share_storage([a, b])
+    a.data.add_(1.0)
+    assert b.tolist() == [1.0, 1.0]  # still the same memory
+
+
+def test_a_model_with_a_recurrent_layer_keeps_its_own_layout():
+    model = nn.Sequential(nn.Embedding(5, 3), nn.LSTM(3, 4))
+    params = list(model.parameters())
+    share_model_storage(model, params)
+    assert len({p.untyped_storage().data_ptr() for p in params}) == len(params)
+    mlp = _net()
+    share_model_storage(mlp, list(mlp.parameters()))
+    assert len({p.untyped_storage().data_ptr() for p in mlp.parameters()}) == 1

@@ -29,7 +29,7 @@ from fedexp.core.algorithm import (
     flat_params,
     load_flat,
     named_views,
-    share_storage,
+    share_model_storage,
 )
 from fedexp.core.client import ClientModule
 from fedexp.core.cohort import (
@@ -88,7 +88,7 @@ class FedAvg(Algorithm):
             cache = self.__dict__["_params_cache"] = weakref.WeakKeyDictionary()
         if model not in cache:
             cache[model] = tuple(model.parameters())
-            share_storage(cache[model])  # a client's load and upload: one copy each
+            share_model_storage(model, cache[model])  # a client's load and upload: one copy each
         return list(cache[model])
 
     def stat_buffers(self, model: nn.Module) -> list[torch.Tensor]:

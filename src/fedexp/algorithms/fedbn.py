@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from fedexp.algorithms.fedavg import FedAvg
-from fedexp.core.algorithm import BuildContext, load_flat, share_storage
+from fedexp.core.algorithm import BuildContext, load_flat, share_model_storage
 from fedexp.core.client import ClientModule
 from fedexp.core.local import LocalTraining
 from fedexp.core.types import Message, ServerState
@@ -51,7 +51,7 @@ class FedBN(FedAvg):
         if model not in cache:
             local = {id(p) for m in bn_layers(model) for p in m.parameters()}
             cache[model] = tuple(p for p in model.parameters() if id(p) not in local)
-            share_storage(cache[model])
+            share_model_storage(model, cache[model])
         return list(cache[model])
 
     def stat_buffers(self, model: nn.Module) -> list[torch.Tensor]:

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.autograd.graph import increment_version
 
 from fedexp.core.client import ClientModule
 from fedexp.core.client_store import ClientStore
@@ -224,16 +225,23 @@ def share_storage(params: Sequence[nn.Parameter]) -> None:
     and `load_flat` over exactly these parameters are one copy each instead of one per tensor.
 
     Values, shapes, dtypes, devices and the parameter objects (which optimizers hold) stay
-    as they were. Nothing is done where the parameters differ in dtype or device, or already
-    share a buffer. A parameter whose storage is later replaced (`module.to`, a deep copy's
-    fresh tensors) only loses the fast path: `flat_params` and `load_flat` check the layout on
-    every call.
+    as they were. Nothing is done where the parameters differ in dtype or device, where one is
+    not contiguous (a channels-last weight keeps its strides) or empty, where two share
+    storage already, or where they are already laid out. A parameter whose storage is later
+    replaced (`module.to`, a deep copy's fresh tensors) only loses the fast path: `flat_params`
+    and `load_flat` check the layout on every call. A parameter pickled or saved on its own
+    carries the whole buffer; the run's saved models and messages are copies.
     """
     params = list(params)
     if len(params) < 2 or _shared_buffer(params) is not None:
         return
     first = params[0]
-    if any(p.dtype != first.dtype or p.device != first.device for p in params):
+    if any(
+        p.dtype != first.dtype or p.device != first.device or not p.is_contiguous() or not p.numel()
+        for p in params
+    ):
+        return
+    if len({p.untyped_storage().data_ptr() for p in params}) < len(params):
         return
     buffer = torch.cat([p.detach().reshape(-1) for p in params])
     offset = 0
@@ -244,6 +252,14 @@ def share_storage(params: Sequence[nn.Parameter]) -> None:
     key = id(first)
     gone = weakref.ref(first, lambda _ref: _SHARED_STORAGE.pop(key, None))
     _SHARED_STORAGE[key] = (gone, buffer, tuple(id(p) for p in params))
+
+
+def share_model_storage(model: nn.Module, params: Sequence[nn.Parameter]) -> None:
+    """`share_storage(params)` for parameters of `model`, except where it has a recurrent layer:
+    on CUDA, cuDNN packs an RNN's weights into a buffer of its own and would copy them on every
+    forward pass once they were moved out of it."""
+    if not any(isinstance(m, nn.RNNBase) for m in model.modules()):
+        share_storage(params)
 
 
 def _shared_buffer(params: Sequence[torch.Tensor]) -> torch.Tensor | None:
@@ -285,6 +301,9 @@ def load_flat(params: Sequence[nn.Parameter], flat: torch.Tensor) -> None:
     buffer = _shared_buffer(params)
     if buffer is not None and flat.shape == buffer.shape:
         buffer.copy_(flat)
+        # each parameter has its own version counter: mark them written, so that autograd
+        # still refuses a backward through weights loaded since the forward pass
+        increment_version(params)
         return
     offset = 0
     for p in params:
