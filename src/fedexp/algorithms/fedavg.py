@@ -82,7 +82,7 @@ class FedAvg(Algorithm):
     def shared(self, model: nn.Module) -> list[nn.Parameter]:
         """The parameters that travel and are averaged (read once per model object: walking the
         module tree twice per client costs as much as a small model's step), laid out in one
-        buffer (`share_storage`)."""
+        buffer (`share_model_storage`)."""
         cache = self.__dict__.get("_params_cache")
         if cache is None:
             cache = self.__dict__["_params_cache"] = weakref.WeakKeyDictionary()

@@ -291,7 +291,7 @@ def flat_delta(params: Sequence[nn.Parameter], reference: torch.Tensor) -> torch
     share one (`share_storage`): a client's upload without the intermediate copy."""
     buffer = _shared_buffer(params)
     if buffer is not None and reference.shape == buffer.shape:
-        return buffer.detach() - reference
+        return buffer - reference  # made from detached tensors: no autograd history
     return flat_params(params) - reference
 
 

@@ -6,7 +6,7 @@ mapped again and the kernel faults and zeroes it in, page by page, at first touc
 step that allocates the same large tensors every step (a cohort's stacked parameters and
 gradients: 10 clients of the pfl CNN are 64 MB a tensor) pays that every step. With the mmap
 threshold and the trim threshold raised, freed blocks stay in the heap and the next allocation
-reuses them: on the pfl-CIFAR10 CPU workload fedexp and the plain loop beside it took 2.8-3.0 s
+reuses them: on the pfl-CIFAR10 CPU workload fedexp and the plain loop beside it took 2.7-2.9 s
 a run with it, 3.1-3.6 s without (docs/BENCHMARKS.md; separate runs, not paired). The process
 keeps what it freed (its resident size stays at its peak), as jemalloc or tcmalloc, which
 PyTorch's CPU tuning guide recommends for this, would. Results do not change: only where memory
