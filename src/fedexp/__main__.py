@@ -33,6 +33,9 @@ TABLE_KEYS = (
     "eval/personal/acc_min",
     "eval/personal/acc_max",
     "eval/group/gap",
+    "eval/global/loss",
+    "eval/global/client_loss_mean",
+    "eval/personal/loss_mean",
     "privacy/mia_acc",
     "privacy/mia_auc",
     "privacy/mia_tpr@1%fpr",
@@ -82,32 +85,63 @@ def best_round(run_dir: Path, name: str) -> tuple[int, float] | None:
     return min(points, key=lambda p: (sign * p[1], p[0]))
 
 
+def data_rows(metrics) -> list[tuple[str, str]]:
+    """The final table's rows on the data: the share of the training data the clients hold,
+    and the server's pool where one was set aside."""
+    held, train = metrics.get("data/held_by_clients"), metrics.get("data/train_fraction_used")
+    rows = []
+    if isinstance(held, float):
+        split = f" ({train:.1%} in training splits)" if isinstance(train, float) else ""
+        rows.append(("training data the clients hold", f"{held:.1%}{split}"))
+    pool = metrics.get("data/server_pool")
+    if pool:
+        rows.append(("server pool (no client holds it)", f"{pool:,} samples"))
+    return rows
+
+
 def print_table(summary: RunSummary, choices: dict, title: str | None = None, best=None) -> None:
-    """The final table: titled with the run (`run_title`), the last evaluation's metrics, the
-    objective at the end and at its best round (`best`: (round, value))."""
+    """The final table: titled with the run (`run_title`), the last evaluation's metrics (each
+    named by what it measures: test or validation, global or personal), the data the clients
+    held, the objective at the end and at its best round (`best`: (round, value)), and under
+    it the run's warnings: what changes what the numbers mean."""
     from rich.console import Console
     from rich.table import Table
 
     from fedexp.config.validation import NO_OBJECTIVE
+    from fedexp.core.summary import metric_title
 
-    table = Table(title=f"{title or run_title(choices)} — {summary.status}")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
     metrics = summary.metrics
+    caption = [f"warning: {line}" for line in summary.warnings]
+    table = Table(
+        title=f"{title or run_title(choices)} — {summary.status}",
+        caption="\n".join(caption) or None,
+        caption_justify="left",
+    )
+    table.add_column("metric", no_wrap=True)
+    table.add_column("value", justify="right", no_wrap=True)
+    table.add_column("key", style="dim", no_wrap=True)
+    evaluated = metrics.get("round")
+    if summary.status != "completed" and evaluated is not None:
+        table.add_row("metrics of round", f"{evaluated} of {summary.rounds_completed} run", "")
     for key in TABLE_KEYS:
         if key in metrics and metrics[key] is not None:
             v = metrics[key]
-            table.add_row(key, f"{v:.4f}" if isinstance(v, float) else f"{v:,}")
+            text = f"{v:.4f}" if isinstance(v, float) else f"{v:,}"
+            title = metric_title(key)
+            table.add_row(title, text, key if title != key else "")
     objective = summary.objective
     if objective is not None and objective.value is not None:
-        table.add_row(f"objective: {objective.name}", f"{objective.value:.4f}")
+        name = metric_title(objective.name)
+        table.add_row(f"objective: {name}", f"{objective.value:.4f}", objective.name)
     elif objective is not None and objective.name == NO_OBJECTIVE:
-        table.add_row("objective: none", "no validation data")
+        table.add_row("objective: none", "no validation data", "")
     if objective is not None and best is not None:
-        table.add_row(f"best objective (round {best[0]})", f"{best[1]:.4f}")
-    table.add_row("rounds", str(summary.rounds_completed))
-    table.add_row("wall time (s)", f"{summary.timing.wall_time_s:.1f}")
-    Console().print(table)
+        table.add_row(f"best objective (round {best[0]})", f"{best[1]:.4f}", objective.name)
+    for name, value in data_rows(metrics):
+        table.add_row(name, value, "")
+    table.add_row("rounds", str(summary.rounds_completed), "")
+    table.add_row("wall time (s)", f"{summary.timing.wall_time_s:.1f}", "")
+    Console(width=max(110, Console().width)).print(table)
 
 
 @hydra.main(version_base="1.3", config_path=find_conf(), config_name="config")

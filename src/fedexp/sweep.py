@@ -20,7 +20,8 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
-from fedexp.report import fmt, group_runs, mean_std
+from fedexp.core.summary import metric_title
+from fedexp.report import data_differences, fmt, group_runs, group_warnings, mean_std
 
 log = logging.getLogger(__name__)
 # the columns besides the objective, when some run has them
@@ -88,27 +89,31 @@ def sweep_rows(runs: list) -> tuple[list[str], list[str], list[list[str]]]:
 
     Cells are mean ± sample std (ddof = 1, as in the report) over the completed runs of a group
     (its seeds), the mean alone for a group of one; the `runs` cell counts the others by status
-    (`2 (+1 diverged)`). The objective's metric heads its column when every run shares one,
-    else an `objective metric` column names it on each row.
+    (`2 (+1 diverged)`). Each objective metric has a column of its own (`objective: <metric>`):
+    a group's value sits in its own metric's column, so no column mixes two metrics.
     """
     groups, keys = group_runs(runs)
     objectives = sorted(objective_names(runs))
-    shared = len(objectives) <= 1
-    objective = f"objective: {objectives[0]}" if len(objectives) == 1 else "objective"
     present = {k for r in runs for k in r.summary.metrics}
     shown = [k for k in SHOWN if k in present]
-    heads = ["group", "runs", *([] if shared else ["objective metric"]), objective, *shown]
+    heads = ["group", "runs", *(f"objective: {m}" for m in objectives), *shown]
     rows = []
     for name, members in groups.items():
         done = [r for r in members if r.completed]
         other = sorted({r.summary.status for r in members if not r.completed})
         failed = len(members) - len(done)
         count = f"{len(done)}" + (f" (+{failed} {', '.join(other)})" if failed else "")
-        metric = [] if shared else [", ".join(sorted(objective_names(members))) or "–"]
-        values = [[r.summary.objective.value for r in done if r.summary.objective is not None]]
-        values += [[r.summary.metrics.get(k) for r in done] for k in shown]
-        rows.append([name, count, *metric, *(fmt(*mean_std(v)) for v in values)])
+        values = [
+            [r.summary.objective.value for r in done if _objective(r) == m] for m in objectives
+        ]
+        cells = [fmt(*mean_std(v)) if v else "" for v in values]
+        cells += [fmt(*mean_std([r.summary.metrics.get(k) for r in done])) for k in shown]
+        rows.append([name, count, *cells])
     return [k.removeprefix("choice:") for k in keys], heads, rows
+
+
+def _objective(run) -> str | None:
+    return run.summary.objective.name if run.summary.objective is not None else None
 
 
 def objective_names(runs: list) -> set[str]:
@@ -160,8 +165,6 @@ def sweep_notes(heads: list[str], runs: list) -> list[str]:
     validation data, and the test columns do not measure the same population), and on the
     multimodal split how validation and test weigh the two client groups."""
     metrics = [h.removeprefix("objective: ") for h in heads[2:]]
-    if "objective" in metrics:  # one objective a row: each of them
-        metrics = sorted(objective_names(runs)) + metrics
     notes = [f"{m}: {population(m)}" for m in dict.fromkeys(metrics) if population(m)]
     on_multimodal, ratio = multimodal(runs)
     if on_multimodal:
@@ -175,23 +178,44 @@ def sweep_notes(heads: list[str], runs: list) -> list[str]:
     return notes
 
 
+def sweep_title(sweep_dir: Path, runs: list, keys: list[str], groups: int) -> str:
+    """`sweep DIR: 6 runs in 3 groups, differing in algorithm`; a sweep of seeds alone says so."""
+    plural = "group" if groups == 1 else "groups"
+    if keys:
+        differ = f"differing in {', '.join(keys)}"
+    elif len({(r.summary.config or {}).get("seed") for r in runs}) > 1:
+        differ = "differing only in the seed"
+    else:
+        differ = "differing in nothing"
+    return f"sweep {sweep_dir}: {len(runs)} runs in {groups} {plural}, {differ}"
+
+
+def head_text(head: str) -> str:
+    """A column head in words with its metric key under it (`objective` first where it is)."""
+    metric = head.removeprefix("objective: ")
+    prefix = "objective: " if metric != head else ""
+    title = metric_title(metric)
+    return f"{prefix}{title}\n({metric})" if title != metric else head
+
+
 def print_sweep_table(runs: list, sweep_dir: Path) -> None:
     """The grouped table of a sweep's runs (rich), titled with what the groups differ in, with
-    the data each column measures under it."""
+    the data each column measures, the groups' warnings and whether their clients held the
+    same data under it."""
     from rich.console import Console
     from rich.table import Table
 
     keys, heads, rows = sweep_rows(runs)
-    differ = ", ".join(keys) or "nothing (one group)"
     table = Table(
-        title=f"sweep {sweep_dir}: {len(runs)} runs in {len(rows)} groups, differing in {differ}",
+        title=sweep_title(sweep_dir, runs, keys, len(rows)),
         caption="mean ± sample std (ddof = 1) over the seeds of each group (one run: its value)",
     )
     for i, head in enumerate(heads):
-        table.add_column(head, justify="left" if i == 0 else "right")
+        table.add_column(head_text(head), justify="left" if i == 0 else "right")
     for row in rows:
         table.add_row(*row)
     console = Console(file=sys.stdout, width=max(120, Console().width))
     console.print(table)
-    for note in sweep_notes(heads, runs):
+    groups, _ = group_runs(runs)
+    for note in sweep_notes(heads, runs) + group_warnings(groups) + data_differences(groups):
         console.print(note, highlight=False, soft_wrap=True)

@@ -84,11 +84,22 @@ def test_explicit_epoch_options_override_the_budget(option, options, expected):
     assert phases_of_one_round(build(option, **options)) == expected
 
 
-def test_fedrep_with_body_epochs_equal_to_E_trains_the_body_only_as_the_authors_code():
-    # lgcollins/FedRep: local_ep - local_rep_ep = 0 head epochs, the body for all E
+def test_fedrep_at_E_equal_to_body_epochs_gives_the_head_one_epoch_and_says_so():
+    # E - body_epochs = 0 would leave every client its initial head: the head gets one epoch
     algo = build("fedrep", local_epochs=1)
-    assert phases_of_one_round(algo) == [("body", 1, 3)]
-    assert torch.equal(algo.store.get(0), algo._initial_head)  # the head never moved
+    assert phases_of_one_round(algo) == [("head", 1, 3), ("body", 1, 3)]
+    assert not torch.equal(algo.store.get(0), algo._initial_head)  # the head trained
+    (line,) = algo.run_warnings(rounds=5)
+    assert "1 head + 1 body epochs a round, 2 in all against client.local_epochs=1" in line
+
+
+def test_fedrep_warnings_name_a_part_that_never_trains():
+    assert "heads never train" in build("fedrep", head_epochs=0).run_warnings(5)[0]
+    assert "body never trains" in build("fedrep", head_epochs=2, body_epochs=0).run_warnings(5)[0]
+    assert build("fedrep").run_warnings(5) == []  # auto at E = 3: 2 + 1 epochs
+    assert build("fedrep", head_epochs=4, body_epochs=2).run_warnings(5)[0].startswith(
+        "FedRep: 4 head + 2 body epochs a round, 6 in all"
+    )
 
 
 @pytest.mark.parametrize(
@@ -118,13 +129,9 @@ def test_ditto_auto_personal_model_equals_an_explicit_E():
     assert torch.equal(auto.store.get(0), explicit.store.get(0))  # the personal models
 
 
-def test_fedrep_with_no_head_epoch_left_says_so(caplog):
+def test_fedrep_auto_head_epochs():
     from fedexp.algorithms.fedrep import phase_epochs
 
-    with caplog.at_level("WARNING", logger="fedexp.algorithms.fedrep"):
-        assert phase_epochs("auto", 1, 1) == (0, 1)
-    assert "leaves the heads no epoch" in caplog.text
-    caplog.clear()
-    with caplog.at_level("WARNING", logger="fedexp.algorithms.fedrep"):
-        assert phase_epochs("auto", 1, 5) == (4, 1)
-    assert caplog.text == ""
+    assert phase_epochs("auto", 1, 1) == (1, 1)  # E = body_epochs: one epoch of the head's own
+    assert phase_epochs("auto", 1, 10) == (9, 1)  # the authors' split of E = 10
+    assert phase_epochs("auto", 2, 3) == (1, 2)

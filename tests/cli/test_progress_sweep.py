@@ -133,6 +133,6 @@ def test_the_sweep_table_is_mean_and_sample_std_over_seeds():
     assert keys == ["client.lr"]
     assert heads == ["group", "runs", "objective: eval/val/global/acc", "eval/global/acc"]
     assert rows == [
-        ["lr=0.01", "2 (+1 diverged)", "0.3000 ± 0.1414", "0.3000 ± 0.1414"],
-        ["lr=0.1", "2", "0.6000 ± 0.1414", "0.6000 ± 0.1414"],
+        ["client.lr=0.01", "2 (+1 diverged)", "0.3000 ± 0.1414", "0.3000 ± 0.1414"],
+        ["client.lr=0.1", "2", "0.6000 ± 0.1414", "0.6000 ± 0.1414"],
     ]

@@ -66,7 +66,7 @@ def test_a_config_key_sweep_is_labelled_by_the_key(tmp_path):
     (b / "summary.json").write_text(json.dumps(summary))
     groups, keys = group_runs(find_runs([a, b]))
     assert keys == ["client.lr"]
-    assert list(groups) == ["lr=0.05", "lr=0.1"]  # the key's last part
+    assert list(groups) == ["client.lr=0.05", "client.lr=0.1"]  # the key, with its group prefix
 
 
 def test_the_report_has_the_table_and_every_plot_that_has_data(tmp_path):

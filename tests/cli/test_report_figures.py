@@ -128,9 +128,9 @@ def test_epsilon_table_and_figure_hold_the_numbers_the_runs_wrote(tmp_path, figu
     make_run(tmp_path / "r", "plain", 0.0, 0, [acc(0.4, 0.5) | {"privacy/epsilon": None}] * 2)
     md = write_report([tmp_path / "r"], tmp_path / "out").read_text()
     table = md.split("## Privacy budget (DP)")[1].split("\n## ")[0]
-    assert "| noise_multiplier=0 | 1 | 1e-05 | inf | 0.4000 |" in table
-    assert "| noise_multiplier=1 | 2 | 1e-05 | 3.500 ± 0.707 | 0.2000 |" in table
-    assert "inf (no noise or no clipping) in noise_multiplier=0: not drawn" in md
+    assert "| algorithm.noise_multiplier=0 | 1 | 1e-05 | inf | 0.4000 |" in table
+    assert "| algorithm.noise_multiplier=1 | 2 | 1e-05 | 3.500 ± 0.707 | 0.2000 |" in table
+    assert "inf (no noise or no clipping) in algorithm.noise_multiplier=0: not drawn" in md
     left, right = figures["privacy"].axes
     (line,) = left.get_lines()  # the inf group is not drawn
     assert line.get_xdata().tolist() == [1, 2]

@@ -45,10 +45,10 @@ def test_labels_are_short_unless_two_groups_would_clash(tmp_path):
     make_run(tmp_path, "0", 0.018738174228603841, 0, [0.5])
     make_run(tmp_path, "1", 0.1, 0, [0.5])
     groups, _ = group_runs(find_runs([tmp_path]))
-    assert list(groups) == ["mu=0.0187", "mu=0.1"]  # in order of the value
+    assert list(groups) == ["algorithm.mu=0.0187", "algorithm.mu=0.1"]  # in order of the value
     make_run(tmp_path, "2", 0.018741, 0, [0.5])
     groups, _ = group_runs(find_runs([tmp_path]))
-    assert list(groups) == ["mu=0.018738", "mu=0.018741", "mu=0.1"]  # 6 digits tell them apart
+    assert list(groups) == ["algorithm.mu=0.018738", "algorithm.mu=0.018741", "algorithm.mu=0.1"]  # 6 digits tell them apart
 
 
 def test_a_group_has_one_colour_in_every_figure_and_legends_sit_outside(tmp_path, monkeypatch):
@@ -66,22 +66,40 @@ def test_a_group_has_one_colour_in_every_figure_and_legends_sit_outside(tmp_path
         ),
     )
     assert main([str(tmp_path / "runs"), "--out", str(tmp_path / "out")]) == 0
-    expected = plots.palette(["mu=0.01", "mu=1"])
+    expected = plots.palette(["algorithm.mu=0.01", "algorithm.mu=1"])
     (ax,) = figures["acc_vs_round"].axes
     lines = {line.get_label(): line.get_color() for line in ax.get_lines()}
     assert {k: mcolors.to_rgba(v) for k, v in lines.items()} == expected
     (ax,) = figures["final_acc"].axes
     points = [mcolors.to_rgba(c.lines[0].get_color()) for c in ax.containers]
-    assert points == [expected["mu=0.01"], expected["mu=1"]]
+    assert points == [expected["algorithm.mu=0.01"], expected["algorithm.mu=1"]]
     (ax,) = figures["client_acc_box"].axes
     boxes = [p.get_facecolor()[:3] for p in ax.patches]
-    assert boxes == [expected["mu=0.01"][:3], expected["mu=1"][:3]]
-    # the legend is right of the axes, not over the curves
-    (ax,) = figures["acc_vs_round"].axes
-    fig = figures["acc_vs_round"]
-    renderer = FigureCanvasAgg(fig).get_renderer()
-    legend = ax.get_legend().get_window_extent(renderer)
-    assert legend.x0 > ax.get_window_extent(renderer).x1
+    assert boxes == [expected["algorithm.mu=0.01"][:3], expected["algorithm.mu=1"][:3]]
+    # the legend is right of the axes, not over the curves, whatever the figure
+    for name in ("acc_vs_round", "acc_vs_comm"):
+        fig = figures[name]
+        canvas = FigureCanvasAgg(fig)
+        canvas.draw()  # the constrained layout places the panels and the legend
+        renderer = canvas.get_renderer()
+        (legend,) = fig.legends
+        box = legend.get_window_extent(renderer)
+        assert all(box.x0 >= ax.get_window_extent(renderer).x1 for ax in fig.axes), name
+
+
+def test_long_group_labels_keep_the_legend_outside_and_warn_nothing(tmp_path, recwarn):
+    # a preset sweep's labels can be long: the layout must still fit them beside the panels
+    long = "x" * 90
+    for i, mu in enumerate([0.01, 1.0]):
+        make_run(tmp_path / "runs", str(i), mu, 0, [0.2, 0.5])
+    runs = find_runs([tmp_path / "runs"])
+    groups, _ = group_runs(runs)
+    groups = {f"{name} {long}": members for name, members in groups.items()}
+    from fedexp.report.plots import plot_final_accuracy, plot_vs_round
+
+    assert plot_vs_round(groups, tmp_path / "a.png", {"eval/global/acc": "g"}, "test accuracy")
+    assert plot_final_accuracy(groups, tmp_path / "b.png")
+    assert not [w for w in recwarn if "layout" in str(w.message).lower()]
 
 
 def test_a_search_plots_the_objective_against_each_parameter_with_the_best_marked(

@@ -30,7 +30,7 @@ def test_a_sweep_prints_its_grouped_table_and_writes_its_report(tmp_path, monkey
     assert "4 runs in 2 groups, differing in client.lr" in out
     report = tmp_path / "sweep" / "report" / "report.md"
     assert f"report: {report.relative_to(tmp_path)}" in out
-    assert "| lr=0.05 | 2 |" in report.read_text()
+    assert "| client.lr=0.05 | 2 |" in report.read_text()
     for lr in (0.05, 0.1):  # each group's cell: mean ± sample std of its seeds' objective
         values = []
         for path in (tmp_path / "sweep").glob("*/summary.json"):

@@ -54,6 +54,14 @@ def _check_config(cfg) -> None:
         check_server_pool(int(cfg.algorithm.rad_size), int(pool))
 
 
+def _pool_need(cfg) -> int:
+    """`partition.server_pool: auto`: twice the RAD with rad_source=server (each round's RAD a
+    fresh draw from the pool), else none."""
+    if OmegaConf.select(cfg, "algorithm.rad_source") != "server":
+        return 0
+    return 2 * int(OmegaConf.select(cfg, "algorithm.rad_size", default=0))
+
+
 @with_checks(config=_check_config)
 def fedhenn(
     ctx: BuildContext,
@@ -113,6 +121,9 @@ def fedhenn(
     return FedHeNNHeterogeneous(ctx, opts, num_archs)
 
 
+fedhenn.server_pool_need = _pool_need  # `partition.server_pool: auto` (fedexp.config.pool)
+
+
 class FedHeNNHomogeneous(FedAvg):
     """FedAvg's global model; clients add the alignment term to the previous global model."""
 
@@ -155,6 +166,9 @@ class FedHeNNHomogeneous(FedAvg):
     ) -> tuple[ServerState, dict[str, float]]:
         state, metrics = super().aggregate(state, results, ctx)
         return state, {**metrics, "fedhenn/eta": self.opts.eta(ctx.round)}
+
+    def run_warnings(self, rounds: int) -> list[str]:
+        return self.opts.zero_eta_warnings(rounds, "FedAvg")
 
     def personal_model(self, state: ServerState, client_id: int) -> nn.Module | None:
         # a client never sampled has no local model yet: it would start from the global one

@@ -120,6 +120,16 @@ class AlignmentOptions:
         }[self.eta_schedule]
         return self.eta0 * factor
 
+    def zero_eta_warnings(self, rounds: int, without: str) -> list[str]:
+        """One line when η(t) is 0 in every round of the run: the alignment is never on, and
+        the run is `without` (FedAvg, isolated local training)."""
+        if any(self.eta(t) != 0 for t in range(1, rounds + 1)):
+            return []
+        return [
+            f"FedHeNN: η(t) = 0 in all {rounds} rounds (algorithm.eta0={self.eta0:g}, "
+            f"eta_schedule={self.eta_schedule}): no alignment, this run is {without}"
+        ]
+
 
 def check_server_pool(rad_size: int, pool: int) -> None:
     """rad_source=server draws each round's RAD from the server pool: it must hold rad_size."""

@@ -181,3 +181,6 @@ class FedHeNNHeterogeneous(Algorithm):
             out[f"fedhenn/arch{a}_clients"] = int(counts[a])
             out[f"fedhenn/arch{a}_params"] = sum(p.numel() for p in module.model.parameters())
         return out
+
+    def run_warnings(self, rounds: int) -> list[str]:
+        return self.opts.zero_eta_warnings(rounds, "isolated local training")

@@ -3,8 +3,10 @@
 Each round a client trains its own head for `head_epochs` with the body frozen, then the body for
 `body_epochs` with the head frozen. As in the authors' code (lgcollins/FedRep: `local_ep` epochs
 in all, the first `local_ep - local_rep_ep` for the head), `head_epochs: auto` is
-`client.local_epochs - body_epochs`, so a round costs E epochs like every other method's; with
-`body_epochs` = E the head gets none (body only, as there), and `body_epochs` > E is refused. An
+`client.local_epochs - body_epochs`, so a round costs E epochs like every other method's. Where
+that leaves the head none (E = body_epochs, e.g. E = 1: the authors run E >= 10) the head gets
+one epoch, the round runs E + 1, and the run's tables say so (`run_warnings`); `body_epochs` > E
+is refused. An
 integer `head_epochs` overrides. Only the body travels; heads live in the client store. A client
 never sampled uses the initial head. There is no global model (no global head), so only personal
 metrics are reported.
@@ -50,7 +52,8 @@ class RepModule(ClientModule):
 
 
 def phase_epochs(head_epochs: int | str, body_epochs: int, local_epochs: int) -> tuple[int, int]:
-    """(head, body) epochs of a round; `head_epochs: auto` fills `client.local_epochs` (E)."""
+    """(head, body) epochs of a round; `head_epochs: auto` is E - body_epochs (E =
+    `client.local_epochs`), and 1 where that leaves none (E = body_epochs, e.g. E = 1)."""
     for key, value in (("head_epochs", head_epochs), ("body_epochs", body_epochs)):
         if value == "auto" and key == "head_epochs":
             continue
@@ -63,19 +66,31 @@ def phase_epochs(head_epochs: int | str, body_epochs: int, local_epochs: int) ->
                 f"algorithm.body_epochs: must be <= client.local_epochs ({local_epochs}) with "
                 f"head_epochs: auto (the head trains the rest of the E epochs), got {body_epochs}"
             )
-        head_epochs = local_epochs - body_epochs
-        if head_epochs == 0:  # the authors' rule, but rarely what a run means: say so
-            log.warning(
-                "FedRep: client.local_epochs=%d with body_epochs=%d leaves the heads no epoch "
-                "(head_epochs: auto = E - body_epochs = 0): every client keeps its initial head; "
-                "set client.local_epochs >= %d or algorithm.head_epochs",
-                local_epochs,
-                body_epochs,
-                body_epochs + 1,
-            )
+        # the authors' split of E epochs; a head that never trains is no FedRep, so at
+        # E = body_epochs the head gets one epoch of its own (the round then runs E + 1)
+        head_epochs = max(local_epochs - body_epochs, 1)
     if head_epochs + body_epochs == 0:
         raise ConfigError("algorithm.head_epochs/body_epochs: not both 0")
     return head_epochs, body_epochs
+
+
+def epoch_warnings(head_epochs: int, body_epochs: int, local_epochs: int) -> list[str]:
+    """What the round's epochs change: a part that never trains, or a round longer than the
+    E epochs of the methods it is compared with."""
+    if head_epochs == 0:
+        return [
+            "FedRep: algorithm.head_epochs=0: the heads never train, every client keeps its "
+            "initial head"
+        ]
+    if body_epochs == 0:
+        return ["FedRep: algorithm.body_epochs=0: the shared body never trains"]
+    if head_epochs + body_epochs != local_epochs:
+        return [
+            f"FedRep: {head_epochs} head + {body_epochs} body epochs a round, "
+            f"{head_epochs + body_epochs} in all against client.local_epochs={local_epochs} "
+            f"(algorithm.head_epochs, body_epochs)"
+        ]
+    return []
 
 
 class FedRep(FedAvg):
@@ -93,6 +108,9 @@ class FedRep(FedAvg):
         epochs = phase_epochs(head_epochs, body_epochs, ctx.client.local_epochs)
         self.head_epochs, self.body_epochs = epochs
         super().__init__(ctx, **kwargs)
+
+    def run_warnings(self, rounds: int) -> list[str]:
+        return epoch_warnings(self.head_epochs, self.body_epochs, self.ctx.client.local_epochs)
 
     def make_module(self, model: nn.Module) -> ClientModule:
         check_head_body(model, "FedRep")

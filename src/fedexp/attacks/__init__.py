@@ -100,6 +100,11 @@ class NoAttack:
     def describe(self) -> dict:
         return {"attack/name": "none", "attack/num_malicious": 0}
 
+    def run_warnings(self, rounds: int) -> list[str]:
+        """What the attack's rounds change in what the numbers mean (`Attack`: rounds whose
+        cohort was half or more malicious), one line each."""
+        return []
+
     def state_dict(self) -> dict:
         """State that changes during training (saved in checkpoints); none for most attacks."""
         return {}
@@ -119,6 +124,7 @@ class Attack(NoAttack):
             raise ConfigError(f"attack.fraction: must be in [0, 1), got {fraction}")
         self.fraction = fraction
         self.redraw_majority = check_flag(redraw_majority, "attack.redraw_majority")
+        self.majority_rounds = 0  # rounds whose cohort was half or more malicious
 
     def setup(self, ctx, num_clients: int) -> None:
         # int(), not round(): FRL's reference code takes int(num_clients * fraction)
@@ -170,6 +176,32 @@ class Attack(NoAttack):
 
     def describe(self) -> dict:
         return {"attack/name": self.name, "attack/num_malicious": len(self.malicious)}
+
+    def round_metrics(self, results: Sequence[ClientResult]) -> dict[str, float]:
+        """`attack/*` of the round, with `attack/malicious_majority`: 1 when half or more of
+        the cohort is malicious (the vote of FRL, the mean of FedAvg, ... are then the
+        attackers'; `redraw_majority` re-draws such a cohort), else 0."""
+        metrics = super().round_metrics(results)
+        ids = results.client_ids if is_cohort(results) else [r.client_id for r in results]
+        bad = sum(1 for c in ids if c in self.malicious)
+        majority = bool(ids) and 2 * bad >= len(ids)
+        self.majority_rounds += majority
+        metrics["attack/malicious_majority"] = int(majority)
+        return metrics
+
+    def run_warnings(self, rounds: int) -> list[str]:
+        if not self.majority_rounds:
+            return []
+        return [
+            f"{self.majority_rounds} of {rounds} rounds had a malicious majority (half or more "
+            "of the cohort): attack.redraw_majority=true re-draws such cohorts"
+        ]
+
+    def state_dict(self) -> dict:
+        return {"majority_rounds": self.majority_rounds}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.majority_rounds = int(state.get("majority_rounds", 0))
 
 
 def map_values(upload: Message, fn: Callable[[torch.Tensor], torch.Tensor]) -> Message:

@@ -66,7 +66,8 @@ class Claim:
 
 
 # digits (1,797 8x8 images), 20 clients of 2-class shards, 10 a round, MLP 200-200, SGD lr 0.05
-SHARDS = ("rounds=20", "client.local_epochs=5")
+# one server pool for every method compared with FedHeNN (its RAD of 100 is drawn from it)
+SHARDS = ("rounds=20", "client.local_epochs=5", "partition.server_pool=200")
 # docs/waffle.md's odd/even digits: 15 majority : 3 minority clients of 36 samples (42 there,
 # measured without the server pool)
 MULTIMODAL = (

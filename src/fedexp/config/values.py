@@ -146,7 +146,7 @@ SCALARS: dict[str, tuple[Any, tuple | None]] = {
     "client.lr": (float, (">", 0)),
     "client.momentum": (float, (">=", 0)),
     "client.weight_decay": (float, (">=", 0)),
-    "partition.server_pool": (int, (">=", 0)),
+    "partition.server_pool": (int | Literal["auto"], (">=", 0)),
     "partition.test_fraction": (float, (">=", 0)),
     "partition.classes_per_client": (int, (">=", 1)),
     "dataset.max_samples": (int | None, (">=", 1)),
@@ -215,6 +215,6 @@ def check_value(key: str, value: Any, ann: Any, bound: tuple | None = None) -> N
         raise ConfigError(f"{key}: must be {describe(ann)}, got {value!r}")
     bounds = (bound,) if bound is not None and isinstance(bound[0], str) else bound or ()
     for op, limit in bounds:
-        if value is not None and not _BOUNDS[op](value, limit):
+        if isinstance(value, int | float) and not _BOUNDS[op](value, limit):
             shown = "2**63" if limit == 2**63 else limit
             raise ConfigError(f"{key}: must be {op} {shown}, got {value!r}")

@@ -212,6 +212,12 @@ class Algorithm:
         """Static facts to report once (e.g. parameter counts)."""
         return {}
 
+    def run_warnings(self, rounds: int) -> list[str]:
+        """What in this algorithm's settings changes what its numbers mean over a run of
+        `rounds` rounds (a part that never trains, a term that is never on), one line each,
+        naming the option; the final table, the sweep table and the report show them."""
+        return []
+
 
 # id of the first parameter -> (a weak reference to it, the buffer, the ids of the parameters
 # laid out in it, in order); an entry goes when its first parameter does (tensors compare

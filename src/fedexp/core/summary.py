@@ -51,6 +51,11 @@ class RunSummary:
         describe: facts the algorithm and attack report about themselves.
         timing: wall time and mean round time.
         error: the refusal of a config_error job, the cause of a failed one (one line).
+        warnings: what changes what the numbers mean (a degenerate setting, rounds with a
+            malicious majority, training data no client held), one line each; the final
+            table, the sweep table and the report show them beside the numbers.
+        data_fingerprint: a hash of what the clients held (the dataset and every client's
+            train/validation/test indices): runs compared on the same data share it.
     """
 
     status: str
@@ -67,6 +72,8 @@ class RunSummary:
     describe: Mapping[str, Any] = field(default_factory=dict)
     timing: Timing | None = None
     error: str | None = None
+    warnings: tuple[str, ...] = ()
+    data_fingerprint: str | None = None
 
     @property
     def completed(self) -> bool:
@@ -95,6 +102,8 @@ class RunSummary:
             "client_acc": dict(self.client_acc),
             "describe": dict(self.describe),
             "timing": {"wall_time_s": timing.wall_time_s, "round_s_mean": timing.round_s_mean},
+            "warnings": list(self.warnings),
+            "data_fingerprint": self.data_fingerprint,
         }
 
     @classmethod
@@ -127,4 +136,29 @@ class RunSummary:
             if isinstance(timing, Mapping)
             else None,
             error=data.get("error"),
+            warnings=tuple(str(w) for w in data.get("warnings") or ()),
+            data_fingerprint=data.get("data_fingerprint"),
         )
+
+
+_STATS = {"mean": "mean over clients", "std": "std over clients", "min": "min over clients"}
+_STATS["max"] = "max over clients"
+
+
+def metric_title(key: str) -> str:
+    """What an `eval/` metric measures, short: `test acc, global model, pooled`, `validation
+    loss, personal models, mean over clients`; other keys as they are."""
+    parts = key.split("/")
+    if parts[0] != "eval" or len(parts) < 3:
+        return key
+    split, rest = ("validation", parts[2:]) if parts[1] == "val" else ("test", parts[1:])
+    kind, name = rest[0], rest[-1]
+    measure = "loss" if "loss" in name else "acc"
+    if kind == "group":
+        if name == "gap":
+            return f"{split} acc gap, best - worst client group"
+        return f"{split} {measure}, client group {'/'.join(rest[1:-1])}"
+    model = {"global": "global model", "personal": "personal models"}.get(kind, kind)
+    stat = name.rsplit("_", 1)[-1] if "_" in name else ""
+    where = _STATS.get(stat, "pooled")
+    return f"{split} {measure}, {model}, {where}"

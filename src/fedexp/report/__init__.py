@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedexp.core.summary import RunSummary
+from fedexp.core.summary import RunSummary, metric_title
 from fedexp.report.missing import comm_total, left_out
 from fedexp.report.plots import (
     ACCURACY,
@@ -83,6 +83,7 @@ class Run:
     path: Path
     summary: RunSummary
     rows: list[dict] = field(default_factory=list)
+    overrides: dict[str, str] | None = None  # the command line's `key=value`s (None: unknown)
 
     @property
     def completed(self) -> bool:
@@ -118,8 +119,29 @@ def find_runs(paths: Sequence[str | Path]) -> list[Run]:
                         rows.append(json.loads(line))
                     except json.JSONDecodeError:
                         continue  # a half-written last line
-            runs.append(Run(summary_path.parent, summary, rows))
+            runs.append(
+                Run(summary_path.parent, summary, rows, read_overrides(summary_path.parent))
+            )
     return runs
+
+
+def read_overrides(run_dir: Path) -> dict[str, str] | None:
+    """The run's command-line overrides (`.hydra/overrides.yaml`, as Hydra saved them) as
+    key -> value text (`+`/`++`/`~` dropped); None where the file is absent or unreadable."""
+    path = Path(run_dir) / ".hydra" / "overrides.yaml"
+    try:
+        import yaml
+
+        items = yaml.safe_load(path.read_text())
+    except (OSError, ValueError, ImportError):  # yaml's errors are ValueErrors
+        return None
+    if not isinstance(items, list):
+        return None
+    out = {}
+    for item in items:
+        key, _, value = str(item).lstrip("+~").partition("=")
+        out[key] = value
+    return out
 
 
 def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -136,12 +158,24 @@ def _varies(values: list) -> bool:
     return len({json.dumps(v, sort_keys=True, default=str) for v in values}) > 1
 
 
-def grouping_keys(runs: list[Run]) -> list[str]:
-    """What the sweep varied: Hydra group choices ('algorithm') and config keys ('client.lr').
+def _ignored(key: str) -> bool:
+    return key.split(".")[0].split("/")[0] in IGNORED or key.startswith("hydra")
 
-    A key under a varying choice (algorithm.mu when algorithm varies) is explained by the
-    choice and left out; so is every key when a _global_ preset (experiment) varies.
+
+def grouping_keys(runs: list[Run]) -> list[str]:
+    """What the sweep varied: Hydra group choices ('choice:algorithm') and config keys
+    ('client.lr').
+
+    Where every run has its command line (`.hydra/overrides.yaml`), these are the keys typed
+    there whose values differ between the runs (the seed aside): a preset's or an algorithm's
+    own defaults never make a label. Otherwise, the choices and config keys that differ, a
+    key under a varying choice (algorithm.mu when algorithm varies) being explained by the
+    choice; every key when a _global_ preset (experiment) varies.
     """
+    if runs and all(r.overrides is not None for r in runs):
+        typed = sorted({k for r in runs for k in r.overrides if not _ignored(k)})
+        varying = [k for k in typed if _varies([_typed_value(r, k) for r in runs])]
+        return [f"choice:{k}" if _is_choice(runs, k) else k for k in varying]
     choices = [r.summary.choices for r in runs]
     # a nested derived group ('paper_algorithm/frl_dense@frl_dense') is ignored with its parent
     names = sorted({k for c in choices for k in c if k.split("/")[0] not in IGNORED})
@@ -160,33 +194,43 @@ def grouping_keys(runs: list[Run]) -> list[str]:
     return [f"choice:{k}" for k in varying_choices] + varying
 
 
+def _is_choice(runs: list[Run], key: str) -> bool:
+    return any(key in r.summary.choices for r in runs)
+
+
+def _typed_value(run: Run, key: str) -> Any:
+    """The value the run had for a typed key: its choice, its config value, or the text."""
+    if key in run.summary.choices:
+        return run.summary.choices.get(key)
+    flat = flatten(dict(run.summary.config))
+    if key in flat:
+        return flat[key]
+    return (run.overrides or {}).get(key)
+
+
 def _value(value: Any, digits: int | None) -> str:
     if isinstance(value, float) and digits is not None:
         return f"{value:.{digits}g}"
     return str(value)
 
 
-def _short_keys(keys: list[str]) -> dict[str, str]:
-    """Each config key's last part (`algorithm.mu` -> `mu`), the full key where two clash."""
-    last = [k.rsplit(".", 1)[-1] for k in keys]
-    return {k: s if last.count(s) == 1 else k for k, s in zip(keys, last)}
-
-
 def label(run: Run, keys: list[str], digits: int | None = None) -> str:
-    """The run's group label: `name=value` of each grouping key (floats to `digits` significant
-    digits; None: as they are)."""
+    """The run's group label: `key=value` of each grouping key, with its group prefix
+    (`algorithm=fedprox, algorithm.mu=0.01`; floats to `digits` significant digits; None: as
+    they are); a key the run does not have is left out. Without keys: the algorithm."""
     if not keys:
         return str(run.summary.choices.get("algorithm") or "runs")
     flat = flatten(dict(run.summary.config))
-    short = _short_keys([k for k in keys if not k.startswith("choice:")])
     parts = []
     for key in keys:
         if key.startswith("choice:"):
             name = key.removeprefix("choice:")
             parts.append(f"{name}={run.summary.choices.get(name)}")
         else:
-            parts.append(f"{short[key]}={_value(flat.get(key), digits)}")
-    return ", ".join(parts)
+            value = flat.get(key, (run.overrides or {}).get(key))
+            if value is not None:
+                parts.append(f"{key}={_value(value, digits)}")
+    return ", ".join(parts) or str(run.summary.choices.get("algorithm") or "runs")
 
 
 def _order(run: Run, keys: list[str]) -> tuple:
@@ -229,7 +273,8 @@ def final_metrics(groups: dict[str, list[Run]]) -> list[str]:
 def final_table(groups: dict[str, list[Run]]) -> str:
     """Final metrics per group: completed runs' mean ± sample std (ddof = 1)."""
     metrics = final_metrics(groups)
-    head = ["group", "runs", "rounds", *metrics, "comm total (MB)"]
+    named = [f"{metric_title(m)} (`{m}`)" if metric_title(m) != m else m for m in metrics]
+    head = ["group", "runs", "rounds", *named, "comm total (MB)"]
     done = {name: [r for r in runs if r.completed] for name, runs in groups.items()}
     columns = [
         _column(
@@ -253,6 +298,50 @@ def final_table(groups: dict[str, list[Run]]) -> str:
     return "\n".join(lines)
 
 
+# ---- what changes what the numbers mean ----------------------------------------------------------
+def _seed(run: Run) -> Any:
+    return (run.summary.config or {}).get("seed")
+
+
+def group_warnings(groups: dict[str, list[Run]]) -> list[str]:
+    """The runs' warnings (`summary.json`), a line each per group: `warning, <group>: ...` when
+    every run of the group has it, `warning, <group>, seed <s>: ...` for one run's."""
+    lines = []
+    for name, runs in groups.items():
+        texts = [tuple(r.summary.warnings) for r in runs]
+        for text in dict.fromkeys(t for ws in texts for t in ws):
+            if all(text in ws for ws in texts):
+                lines.append(f"warning, {name}: {text}")
+                continue
+            for run, ws in zip(runs, texts):
+                if text in ws:
+                    lines.append(f"warning, {name}, seed {_seed(run)}: {text}")
+    return lines
+
+
+def data_differences(groups: dict[str, list[Run]]) -> list[str]:
+    """One line per seed at which runs of different groups trained on different client data
+    (their `data_fingerprint`s differ): their numbers compare methods and data at once."""
+    by_seed: dict[Any, dict[str, list[str]]] = {}
+    for name, runs in groups.items():
+        for run in runs:
+            if run.summary.data_fingerprint:
+                held = by_seed.setdefault(_seed(run), {})
+                held.setdefault(run.summary.data_fingerprint, [])
+                if name not in held[run.summary.data_fingerprint]:
+                    held[run.summary.data_fingerprint].append(name)
+    lines = []
+    for seed, held in by_seed.items():
+        if len(held) > 1:
+            sets = " | ".join(", ".join(names) for names in held.values())
+            lines.append(
+                f"data differs, seed {seed}: the clients held different data in these groups "
+                f"({sets}; summary.json data_fingerprint): e.g. partition.server_pool, the "
+                "partition or the dataset differ"
+            )
+    return lines
+
+
 # ---- the report ----------------------------------------------------------------------------------
 def write_report(paths: Sequence[str | Path], out: str | Path, sharey: bool = False) -> Path:
     """Write report.md and its PNGs into `out`; returns the path of report.md. `sharey`: the
@@ -264,25 +353,42 @@ def write_report(paths: Sequence[str | Path], out: str | Path, sharey: bool = Fa
     out.mkdir(parents=True, exist_ok=True)
     groups, keys = group_runs(runs)
     shown = [k.removeprefix("choice:") for k in keys]
+    plural = "group" if len(groups) == 1 else "groups"
+    if shown:
+        differ = ", ".join(f"`{k}`" for k in shown)
+    elif len({_seed(r) for r in runs}) > 1:
+        differ = "only the seed (one group)"
+    else:
+        differ = "nothing (one group)"
     md = [
         "# fedexp report",
         "",
-        f"{len(runs)} runs in {len(groups)} groups from {', '.join(f'`{p}`' for p in paths)}.",
-        f"Groups differ in: {', '.join(f'`{k}`' for k in shown) or 'nothing (one group)'}. "
-        f"{SPREAD}",
+        f"{len(runs)} runs in {len(groups)} {plural} from {', '.join(f'`{p}`' for p in paths)}.",
+        f"Groups differ in: {differ}. {SPREAD}",
         "",
         "## Final metrics",
         "",
         final_table(groups),
         "",
     ]
+    warned = group_warnings(groups) + data_differences(groups)
+    if warned:
+        md += [
+            "## Warnings",
+            "",
+            "What changes what the numbers above mean (each run's `summary.json` `warnings`, "
+            "and the clients' data compared by `data_fingerprint`):",
+            "",
+            *(f"- {line}" for line in warned),
+            "",
+        ]
     eps = privacy_table(groups, flatten)
     if eps:
         md += ["## Privacy budget (DP)", "", *eps, "", f"ε at δ after the last round. {SPREAD}", ""]
     notes = left_out(groups, final_metrics(groups)) + privacy_notes(groups)
     if notes:
         md += ["## Left out", "", *(f"- {line}" for line in notes), ""]
-    gap = {"eval/group/gap": "best - worst client group accuracy"}
+    gap = {"eval/group/gap": "best - worst client group, test accuracy"}
     band = "Lines: the mean over a group's seeds; band: ± 1 sample std (ddof = 1)."
     eps_caption = (
         "Left: ε at δ after each round; right: each evaluated round's accuracy against its ε. "
@@ -294,7 +400,7 @@ def write_report(paths: Sequence[str | Path], out: str | Path, sharey: bool = Fa
             "Accuracy vs round",
             "acc_vs_round.png",
             plot_vs_round,
-            (ACCURACY, "accuracy", None, sharey),
+            (ACCURACY, "test accuracy", None, sharey),
             band,
         ),
         ("Final accuracy", "final_acc.png", plot_final_accuracy, (sharey,), bars),
@@ -312,7 +418,7 @@ def write_report(paths: Sequence[str | Path], out: str | Path, sharey: bool = Fa
             (),
             band,
         ),
-        ("Majority/minority gap", "group_gap.png", plot_vs_round, (gap, "accuracy gap"), band),
+        ("Majority/minority gap", "group_gap.png", plot_vs_round, (gap, "test accuracy gap"), band),
         ("Membership inference", "mia_acc.png", plot_mia, (), bars + " Dashed: chance."),
         ("Privacy budget: ε vs round, accuracy vs ε", "privacy.png", plot_privacy, (), eps_caption),
     ]

@@ -16,7 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-ACCURACY = {"eval/global/acc": "global model", "eval/personal/acc_mean": "personal models"}
+ACCURACY = {
+    "eval/global/acc": "global model, pooled test set",
+    "eval/personal/acc_mean": "personal models, mean over clients",
+}
 # single-round accuracies drawn as points: key -> panel title
 FINAL_ACCURACY = {
     "eval/global/acc": "global model, pooled test",
@@ -131,21 +134,31 @@ def _save(plt, fig, path: Path, drawn: bool) -> bool:
     return drawn
 
 
+def wrap(text: str, width: int) -> str:
+    """`text` in lines of at most `width` characters (a long label in a legend or tick)."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width, break_long_words=True)) or text
+
+
+LEGEND_WRAP = 40  # characters a legend line holds
+
+
 def _legend_outside(fig, axes) -> None:
-    """One legend for the figure, right of the last panel (each group once)."""
+    """One legend for the figure, outside the panels on the right (each group once): the
+    constrained layout gives it room of its own, and the figure widens by the legend's width,
+    so it never covers or squeezes a panel, however long the labels."""
     seen: dict[str, object] = {}
     for ax in axes:
         for handle, text in zip(*ax.get_legend_handles_labels()):
             seen.setdefault(text, handle)
     if seen:
-        fig.tight_layout()
-        axes[-1].legend(
-            list(seen.values()),
-            list(seen),
-            loc="upper left",
-            bbox_to_anchor=(1.02, 1.0),
-            fontsize=8,
-            frameon=False,
+        labels = [wrap(text, LEGEND_WRAP) for text in seen]
+        chars = max(len(line) for text in labels for line in text.splitlines())
+        width, height = fig.get_size_inches()
+        fig.set_size_inches(width + 0.6 + 0.065 * chars, height)
+        fig.legend(
+            list(seen.values()), labels, loc="outside right upper", fontsize=8, frameon=False
         )
 
 
@@ -184,7 +197,9 @@ def plot_vs_round(
         return False
     plt, colours, style = _pyplot(), palette(list(groups)), styles(list(groups))
     size = (5.5 * len(present), 4)
-    fig, axes = plt.subplots(1, len(present), figsize=size, squeeze=False, sharey=sharey)
+    fig, axes = plt.subplots(
+        1, len(present), figsize=size, squeeze=False, sharey=sharey, layout="constrained"
+    )
     for ax, (metric, title) in zip(axes[0], present.items()):
         for i, (name, runs) in enumerate(groups.items()):
             rounds, mean, std = curve(runs, metric)
@@ -202,7 +217,7 @@ def plot_vs_round(
 def plot_acc_vs_comm(groups, path: Path) -> bool:
     """Accuracy against cumulative up + down bits (comm/*_total at the same rounds)."""
     plt, colours, style = _pyplot(), palette(list(groups)), styles(list(groups))
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(6, 4), layout="constrained")
     drawn, n = False, len(groups)
     for i, (name, runs) in enumerate(groups.items()):
         metric = next((m for m in ACCURACY if any(r.series(m) for r in runs)), None)
@@ -221,14 +236,21 @@ def plot_acc_vs_comm(groups, path: Path) -> bool:
         _band(ax, megabytes, mean[keep], std[keep], text, colours[name], style[name], (i, n))
         drawn = True
     if drawn:
-        ax.set(xlabel="cumulative communication, up + down (MB)", ylabel="accuracy")
+        ax.set(xlabel="cumulative communication, up + down (MB)", ylabel="test accuracy")
         ax.grid(alpha=0.3)
         _legend_outside(fig, [ax])
     return _save(plt, fig, path, drawn)
 
 
 def _group_ticks(ax, names: list[str]) -> None:
-    ax.set_xticks(range(len(names)), names, rotation=20, ha="right", fontsize=8)
+    """Group names under the panel, long ones over several lines (the figure grows to hold
+    them)."""
+    wrapped = [wrap(name, 28) for name in names]
+    lines = max((text.count("\n") + 1 for text in wrapped), default=1)
+    fig = ax.figure
+    width, height = fig.get_size_inches()
+    fig.set_size_inches(width, max(height, 3.2 + 0.16 * lines))
+    ax.set_xticks(range(len(names)), wrapped, rotation=20, ha="right", fontsize=8)
     ax.set_xlim(-0.5, len(names) - 0.5)
     ax.grid(alpha=0.3, axis="y")
 
@@ -250,7 +272,9 @@ def plot_client_boxes(groups, path: Path, sharey: bool = False) -> bool:
     plt, colours = _pyplot(), palette(list(groups))
     width = max(5, 1.2 * len(groups))
     size = (width * len(kinds), 4)
-    fig, axes = plt.subplots(1, len(kinds), figsize=size, squeeze=False, sharey=sharey)
+    fig, axes = plt.subplots(
+        1, len(kinds), figsize=size, squeeze=False, sharey=sharey, layout="constrained"
+    )
     for ax, kind in zip(axes[0], kinds):
         names, data = [], []
         for name, runs in groups.items():
@@ -265,7 +289,6 @@ def plot_client_boxes(groups, path: Path, sharey: bool = False) -> bool:
             box.set(facecolor=colours[name], alpha=0.6)
         _group_ticks(ax, names)
         ax.set(ylabel="client test accuracy", title=f"{kind} model, per client (final)")
-    fig.tight_layout()
     return _save(plt, fig, path, True)
 
 
@@ -290,7 +313,9 @@ def plot_points(
         return False
     plt, colours, style = _pyplot(), palette(list(groups)), styles(list(groups))
     size = (max(4.5, 1.2 * len(groups)) * len(present), 4)
-    fig, axes = plt.subplots(1, len(present), figsize=size, squeeze=False, sharey=sharey)
+    fig, axes = plt.subplots(
+        1, len(present), figsize=size, squeeze=False, sharey=sharey, layout="constrained"
+    )
     for ax, metric in zip(axes[0], present):
         title, reference = panels[metric]
         for i, (name, values) in enumerate(zip(groups, finals[metric])):
@@ -304,7 +329,6 @@ def plot_points(
             ax.axhline(reference, color="grey", linestyle="--", linewidth=1)
         _group_ticks(ax, list(groups))
         ax.set(ylabel=ylabel or title, title=f"{title} (final)")
-    fig.tight_layout()
     return _save(plt, fig, path, True)
 
 
@@ -316,4 +340,4 @@ def plot_mia(groups, path: Path) -> bool:
 def plot_final_accuracy(groups, path: Path, sharey: bool = False) -> bool:
     """The final accuracies as points with error bars (`sharey`: the panels on one y-axis)."""
     panels = {k: (t, None) for k, t in FINAL_ACCURACY.items()}
-    return plot_points(groups, path, panels, ylabel="accuracy", sharey=sharey)
+    return plot_points(groups, path, panels, ylabel="test accuracy", sharey=sharey)

@@ -107,7 +107,7 @@ def plot_privacy(groups: dict[str, list], path: Path) -> bool:
     if not drawn:
         return False
     plt, colours, style = _pyplot(), palette(list(groups)), styles(list(groups))
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
     index = {name: i for i, name in enumerate(groups)}
     measured = set()
     for name, runs in drawn.items():
@@ -127,7 +127,9 @@ def plot_privacy(groups: dict[str, list], path: Path) -> bool:
     left.set(xlabel="round", ylabel="ε", title=f"privacy budget ({EPSILON})")
     integer_rounds(left)
     which = ", ".join(sorted(measured)) or "accuracy"
-    right.set(xlabel="ε", ylabel="accuracy", title=f"accuracy ({which}) vs ε, each evaluated round")
+    right.set(
+        xlabel="ε", ylabel="test accuracy", title=f"accuracy ({which}) vs ε, each evaluated round"
+    )
     for ax in (left, right):
         ax.grid(alpha=0.3)
     _legend_outside(fig, [left, right])

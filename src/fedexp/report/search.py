@@ -75,7 +75,9 @@ def plot_search(runs, path: Path, flatten) -> list[str]:
         return []
     plt = plots._pyplot()
     keys = list(search.params)
-    fig, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 3.8), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(keys), figsize=(4.5 * len(keys), 3.8), squeeze=False, layout="constrained"
+    )
     ys = np.array([t["objective"] for t in found])
     for ax, key in zip(axes[0], keys):
         raw = [t["params"][key] for t in found]
@@ -99,7 +101,6 @@ def plot_search(runs, path: Path, flatten) -> list[str]:
             ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set(xlabel=key, ylabel=search.objective or "objective", title=f"objective vs {key}")
         ax.grid(alpha=0.3)
-    fig.tight_layout()
     axes[0][-1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
     plots._save(plt, fig, path, True)
     shown = ", ".join(f"`{k}` = {_short(found[best]['params'][k])}" for k in keys)

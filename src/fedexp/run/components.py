@@ -13,6 +13,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from fedexp.config.build import build, default_family
+from fedexp.config.pool import resolve_server_pool
 from fedexp.config.validation import (
     NO_OBJECTIVE,
     check_objective_name,
@@ -100,13 +101,16 @@ def build_data(cfg: DictConfig, device: torch.device) -> FederatedData:
             "(partition.server_pool)",
             len(dataset.server_x),
         )
-    coverage = partition_coverage(dataset, partition)
+    pooled = 0 if dataset.server_x is None else len(dataset.server_x)
+    coverage = partition_coverage(dataset, partition, pooled)
     log.info(
-        "partition: the clients hold %d of %d classes and %.1f%% of the %d training samples",
+        "partition: the clients hold %d of %d classes and %.1f%% of the %d training samples "
+        "(%.1f%% in their training splits)",
         len(coverage["classes"]),
         dataset.num_classes,
+        100 * coverage["held_by_clients"],
+        len(labels) + pooled,
         100 * coverage["train_fraction_used"],
-        len(labels),
     )
     if coverage["missing_test_classes"] and not scheme.allow_missing_classes:
         missing = coverage["missing_test_classes"]
@@ -123,20 +127,30 @@ def build_data(cfg: DictConfig, device: torch.device) -> FederatedData:
     data.coverage = {
         "data/classes_used": len(coverage["classes"]),
         "data/train_fraction_used": coverage["train_fraction_used"],
+        "data/held_by_clients": coverage["held_by_clients"],
+        "data/server_pool": pooled,
+        "data/test_accuracy_ceiling": coverage["test_accuracy_ceiling"],
     }
     return data
 
 
-def partition_coverage(dataset, partition) -> dict[str, Any]:
-    """Which classes the clients' local training splits hold, and how much of the pool is used.
+def partition_coverage(dataset, partition, pooled: int = 0) -> dict[str, Any]:
+    """Which classes the clients' local training splits hold, and how much of the training
+    data they hold (`pooled`: the samples set aside for the server before partitioning).
 
-    `missing_test_classes`: classes of the pooled test set (or, without one, of the clients'
-    local test splits) that no client trains on; `test_accuracy_ceiling`: the share of the
-    pooled test set in the classes that some client holds.
+    `train_fraction_used`: the clients' training splits over the dataset's training samples
+    (the server pool included); `held_by_clients`: the same for all their local splits
+    (training, validation and test); `missing_test_classes`: classes of the pooled test set
+    (or, without one, of the clients' local test splits) that no client trains on;
+    `test_accuracy_ceiling`: the share of the pooled test set in the classes that some client
+    holds.
     """
     labels = dataset.train_y.numpy()
     held = np.unique(labels[partition.train.flat])
     used = len(partition.train.flat)
+    splits = (partition.train, partition.test, getattr(partition, "val", None))
+    local = len(np.unique(np.concatenate([s.flat for s in splits if s is not None])))
+    total = max(len(labels) + pooled, 1)
     if dataset.test_y is not None:
         test_labels = dataset.test_y.numpy()
     else:
@@ -146,7 +160,8 @@ def partition_coverage(dataset, partition) -> dict[str, Any]:
     covered = counts[np.isin(in_test, held)].sum()
     return {
         "classes": held.tolist(),
-        "train_fraction_used": used / max(len(labels), 1),
+        "train_fraction_used": used / total,
+        "held_by_clients": local / total,
         "missing_test_classes": missing.tolist(),
         "test_accuracy_ceiling": float(covered / max(counts.sum(), 1)),
     }
@@ -180,6 +195,7 @@ class Components:
 def build_components(cfg: DictConfig, run_dir: str | Path, resume: bool = False) -> Components:
     """Validate `cfg` and build every component; with `resume=True` the run dir's checkpoint is
     loaded and checked first (a bad one is a ConfigError before anything is built)."""
+    resolve_server_pool(cfg)  # `auto`: the pool the algorithm reads, none if it reads none
     check_types(cfg)  # the config as values, types and ranges, every component's keys
     validate_config(cfg)  # the run's rules and the checks the components declare
     # the one typed route of `client.*` to the algorithm, its modules, executor and audits

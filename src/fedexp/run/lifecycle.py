@@ -25,6 +25,7 @@ from fedexp.runtime.checkpoint import (
     CHECKPOINT_FILE,
 )
 from fedexp.runtime.final_model import save_final_models
+from fedexp.runtime.fingerprint import data_digest
 from fedexp.runtime.pruning import Pruned
 from fedexp.runtime.signals import Interrupted
 
@@ -97,9 +98,24 @@ def run(
         timing=Timing(wall, orch.train_seconds / max(orch.round, 1)),
         choices=choices,
         config=info.config,
+        warnings=tuple(run_warnings(c, orch.round)),
+        data_fingerprint=data_digest(c.data),
     )
     run_end(orch.callbacks, summary)
     return summary
+
+
+def run_warnings(c: Components, rounds: int) -> list[str]:
+    """What changes what this run's numbers mean, one line each: the algorithm's settings
+    (`Algorithm.run_warnings`), the attack's rounds, and classes no client trains on."""
+    lines = [*c.algorithm.run_warnings(c.cfg.rounds), *c.attack.run_warnings(rounds)]
+    ceiling = getattr(c.data, "coverage", {}).get("data/test_accuracy_ceiling")
+    if ceiling is not None and ceiling < 1:
+        lines.append(
+            f"some test classes are held by no client (partition.allow_missing_classes=true): "
+            f"global test accuracy cannot exceed {ceiling:.4f}"
+        )
+    return lines
 
 
 def _rounds(

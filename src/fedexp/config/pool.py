@@ -1,0 +1,39 @@
+"""`partition.server_pool: auto`: the server's pool is set aside only in runs that use it.
+
+The pool (`fedexp.data.server_pool`) takes training samples out of every client's reach. A run
+whose algorithm never reads it would only lose data, so `auto` (the default) sets aside what the
+algorithm declares it needs (`server_pool_need(cfg) -> int` on its `_target_`; FedHeNN with
+`rad_source: server` asks for 2 × rad_size, so each round's RAD is a fresh draw) and nothing
+otherwise. A comparison of FedHeNN with other methods sets one explicit pool for every method
+(the FedHeNN presets do), so that all of them train on the same client data; `summary.json`'s
+`data_fingerprint` tells whether they did.
+"""
+
+from __future__ import annotations
+
+from hydra.utils import get_object
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+KEY = "partition.server_pool"
+AUTO = "auto"
+
+
+def pool_need(cfg: DictConfig) -> int:
+    """The pool the run's algorithm reads (0: none), as its target declares it."""
+    target = OmegaConf.select(cfg, "algorithm._target_")
+    if not target:
+        return 0
+    try:
+        obj = get_object(str(target))
+    except Exception:  # an unknown target is refused, naming it, by the type checks
+        return 0
+    need = getattr(obj, "server_pool_need", None)
+    return int(need(cfg)) if need is not None else 0
+
+
+def resolve_server_pool(cfg: DictConfig) -> None:
+    """Replace `partition.server_pool: auto` in `cfg` by the size it stands for."""
+    if OmegaConf.select(cfg, KEY) != AUTO:
+        return
+    with open_dict(cfg):
+        OmegaConf.update(cfg, KEY, pool_need(cfg), merge=False)
