@@ -165,7 +165,9 @@ def test_a_hub_name_reads_its_local_copy_and_never_downloads_by_default(tmp_path
     data = load_hf("someone/digits", str(tmp_path / "hf"), image_key="img")
     assert len(data.train_y) == 24
     with pytest.raises(
-        ConfigError, match=r"dataset.data_dir: no copy of someone/other .*download=true"
+        ConfigError,
+        match=r"^dataset.path: someone/other is no local file or directory, and no Hub copy "
+        r"of it is at .*someone___other \(under dataset.data_dir\); set dataset.download=true",
     ):
         load_hf("someone/other", str(tmp_path / "hf"), image_key="img")
 
@@ -175,7 +177,11 @@ def test_a_hub_name_reads_its_local_copy_and_never_downloads_by_default(tmp_path
     [
         ({"image_key": "picture"}, r"dataset.image_key: no column 'picture' .*columns: img"),
         ({"image_key": "img", "label_key": "nope"}, r"dataset.label_key: no column 'nope'"),
-        ({}, r"dataset.image_key: set exactly one of image_key, text_key and feature_keys"),
+        ({}, r"^dataset.feature_keys: no input column: set dataset.feature_keys"),
+        (
+            {"image_key": "img", "text_key": "writer"},
+            r"^dataset.text_key: set only one of .* got image_key and text_key$",
+        ),
         ({"image_key": "img", "train_split": "dev"}, r"dataset.train_split: no split 'dev'"),
         ({"image_key": "img", "num_classes": 2}, r"dataset.num_classes: 2, but a label is 2"),
     ],
@@ -189,7 +195,7 @@ def test_bad_options_are_one_config_error(tmp_path, kwargs, message):
 def test_a_corrupt_parquet_file_is_named(tmp_path):
     (tmp_path / "ds").mkdir()
     (tmp_path / "ds" / "train.parquet").write_bytes(b"PAR1 not really")
-    with pytest.raises(ConfigError, match=r"dataset.data_dir: .*train.parquet: not a readable"):
+    with pytest.raises(ConfigError, match=r"^dataset.path: .*train.parquet: not a readable"):
         load_hf(str(tmp_path / "ds"), str(tmp_path), image_key="img")
 
 

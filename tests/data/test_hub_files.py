@@ -88,9 +88,17 @@ def test_natural_split_with_fewer_owners_runs_with_them_and_says_so(tmp_path, ca
         "partition: the data have 4 eligible owners, fewer than num_clients=6: running with "
         "4 clients, 3 a round"
     ]
-    with pytest.raises(
-        ConfigError,
-        match=r"^clients_per_round: 5, but the natural split has "
-        r"only 4 clients \(owners\) of the num_clients=6 asked",
-    ):
-        smoke_experiment(tmp_path / "b", *overrides, "clients_per_round=5")
+    # clients_per_round above the owners, as num_clients: every client each round, said once
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="fedexp.data.schemes"):
+        exp = smoke_experiment(tmp_path / "b", *overrides, "clients_per_round=5")
+    said = [r.getMessage() for r in caplog.records if "eligible owners" in r.getMessage()]
+    assert said == [
+        "partition: the data have 4 eligible owners, fewer than num_clients=6: running with "
+        "4 clients, 4 a round (clients_per_round=5 asked)"
+    ]
+    assert exp.data.num_clients == 4
+    orchestrator = exp.orchestrator()
+    assert orchestrator.clients_per_round == 4
+    _, metrics = orchestrator.run_round(exp.algorithm.init_state(), 1)  # draws 4 of 4 clients
+    assert metrics["train/loss"] > 0

@@ -119,7 +119,8 @@ def test_a_value_outside_its_dtype_range_is_refused_naming_file_row_and_rule(
     with pytest.raises(ConfigError) as err:
         load_hf(str(root), str(tmp_path), image_key="img")
     text = str(err.value)
-    assert text.startswith(f"dataset.data_dir: {root}: split train, column img: "), text
+    # the data are the directory given as dataset.path: that key is named
+    assert text.startswith(f"dataset.path: {root}: split train, column img: "), text
     assert message in text and "\n" not in text, text
     if "finite" not in message:
         assert "dataset.pixel_range" in text  # the rule, and the option that maps another range

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from fedexp.data.augment import CropFlip
-from fedexp.data.files import check_labels, data_error, read_cifar_batch, read_idx
+from fedexp.data.files import check_labels, data_error, one_line, read_cifar_batch, read_idx
 from fedexp.data.layouts import Layout, missing_error, read_archive
 from fedexp.data.pixels import to_unit
 from fedexp.errors import ConfigError
@@ -36,6 +36,8 @@ class Dataset:
     `train_client_ids` gives the natural owner (writer, user, generating client) of each training
     sample where the data has one; `test_x`/`test_y` may be None when the data has no separate
     test split (then the pooled test set is the union of the clients' local test splits).
+    `class_names` names the classes where the data does (`class_names[i]` is class i: a
+    ClassLabel's names, a CSV's label strings); the partition report shows them.
     """
 
     name: str
@@ -53,6 +55,7 @@ class Dataset:
     # preprocessing fitted after partitioning, on the clients' local training samples only (a
     # text vocabulary): `prepare(dataset, partition) -> dataset`, called once by `fedexp.run`
     prepare: Callable[[Dataset, Any], Dataset] | None = None
+    class_names: tuple[str, ...] | None = None  # one per class, where the data name them
 
     def __post_init__(self) -> None:
         """Every input has a label, every label is one of the `num_classes` classes, and every
@@ -63,27 +66,26 @@ class Dataset:
         ):
             if x is not None and x.is_floating_point() and not bool(torch.isfinite(x).all()):
                 row = int(torch.nonzero(~torch.isfinite(x.reshape(len(x), -1)))[0, 0])
-                raise ConfigError(
-                    f"dataset.data_dir: {self.name}: {split} input {row} holds a non-finite value"
-                )
+                raise data_error(self.name, f"{split} input {row} holds a non-finite value")
             if y is None:
                 continue
             if len(x) != len(y):
-                raise ConfigError(
-                    f"dataset.data_dir: {self.name}: {len(x)} {split} inputs but {len(y)} labels"
-                )
+                raise data_error(self.name, f"{len(x)} {split} inputs but {len(y)} labels")
             if len(y) and (y.min() < 0 or y.max() >= self.num_classes):
                 bad = y[(y < 0) | (y >= self.num_classes)][0].item()
-                raise ConfigError(
-                    f"dataset.data_dir: {self.name}: {split} label {bad} outside "
-                    f"[0, {self.num_classes})"
-                )
+                raise data_error(self.name, f"{split} label {bad} outside [0, {self.num_classes})")
         owners = self.train_client_ids
         if owners is not None and len(owners) != len(self.train_y):
-            raise ConfigError(
-                f"dataset.data_dir: {self.name}: {len(owners)} client ids for "
-                f"{len(self.train_y)} training samples"
+            raise data_error(
+                self.name, f"{len(owners)} client ids for {len(self.train_y)} training samples"
             )
+        if self.class_names is not None:
+            self.class_names = tuple(str(c) for c in self.class_names)
+            if len(self.class_names) != self.num_classes:
+                raise data_error(
+                    self.name,
+                    f"{len(self.class_names)} class names for {self.num_classes} classes",
+                )
 
 
 def _split_holdout(x, y, fraction: float, seed: int):
@@ -205,14 +207,18 @@ def images_to_tensor(array: np.ndarray, mean, std, where: str = "images") -> tor
     return (x - m) / s
 
 
+DOWNLOAD_CAUSE = 400  # characters of a failed download's cause kept in its one-line error
+
+
 def _download(what: str, root: Path, fetch: Callable[[], object], layout: str) -> None:
-    """Run a torchvision download; without network, one ConfigError instead of a traceback."""
+    """Run a torchvision download; a failure is one ConfigError line giving its cause (the
+    exception and its message: torchvision's lists each mirror tried and what it answered)."""
     try:
         fetch()
     except Exception as err:
         raise ConfigError(
-            f"dataset.data_dir: {what} download to {root} failed ({type(err).__name__}); "
-            f"put {layout} there"
+            f"dataset.data_dir: {what} download to {root} failed "
+            f"({one_line(err, DOWNLOAD_CAUSE)}); put {layout} there"
         ) from None
 
 

@@ -77,6 +77,11 @@ class FederatedData:
         return self.dataset.num_classes
 
     @property
+    def class_names(self) -> tuple[str, ...] | None:
+        """The classes' names where the data name them (`Dataset.class_names`), else None."""
+        return self.dataset.class_names
+
+    @property
     def input_shape(self) -> tuple[int, ...]:
         return self.dataset.input_shape
 

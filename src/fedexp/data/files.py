@@ -9,11 +9,14 @@ the plain containers and nothing else: loading a dataset never runs code from th
 from __future__ import annotations
 
 import codecs
+import contextlib
 import gzip
 import io
 import math
 import pickle
 import zlib
+from collections.abc import Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -21,15 +24,32 @@ import numpy as np
 
 from fedexp.errors import ConfigError
 
+# the key a data error names: the option that told the loader where the data are
+# (`dataset.data_dir`; `dataset=hf` reading a file or directory given as `dataset.path`: that)
+_DATA_KEY: ContextVar[str] = ContextVar("fedexp_data_key", default="dataset.data_dir")
+
+
+@contextlib.contextmanager
+def data_key(key: str) -> Iterator[None]:
+    """Within the block, `data_error` names `key` (the option the user set) instead of
+    `dataset.data_dir`."""
+    token = _DATA_KEY.set(key)
+    try:
+        yield
+    finally:
+        _DATA_KEY.reset(token)
+
 
 def data_error(where: Path | str, problem: str) -> ConfigError:
-    """`dataset.data_dir: <where>: <problem>` (where: a file, or a file and the user in it)."""
-    return ConfigError(f"dataset.data_dir: {where}: {problem}")
+    """`dataset.data_dir: <where>: <problem>` (where: a file, or a file and the user in it;
+    the key is the one `data_key` set, if any)."""
+    return ConfigError(f"{_DATA_KEY.get()}: {where}: {problem}")
 
 
-def one_line(err: BaseException) -> str:
-    """An exception as `Type: message` on one line, short enough for an error message."""
-    text = " ".join(str(err).split())[:160]
+def one_line(err: BaseException, limit: int = 160) -> str:
+    """An exception as `Type: message` on one line, its message cut at `limit` characters."""
+    text = " ".join(str(err).split())
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 

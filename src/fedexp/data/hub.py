@@ -14,10 +14,14 @@ rule of `fedexp.data.pixels` (uint8 / 255, floats in [0, 1] kept, anything else 
 `dataset.pixel_range` declares the stored range) and standardised with the training images'
 per-channel mean and std), one text column (`text_key`: strings, tokenised to `seq_len` token ids
 with a vocabulary fitted on the clients' training rows only, as Sent140's), or numeric columns
-(`feature_keys`: a vector, standardised per feature with the training rows' mean and std). One
-column is the label (`label_key`: a `ClassLabel`, integers, booleans or strings; strings become
-class ids in sorted order), and optionally one the natural owner (`client_key`: a writer or user
-id, for `partition=natural`).
+(`feature_keys`: a vector, standardised per feature with the training rows' mean and std; `*`:
+every column of numbers but the label and the owner, `fedexp.data.hub_features`). One column is
+the label (`label_key`: a `ClassLabel`, integers, booleans or strings; strings become class ids
+in sorted order, and the names are kept as `Dataset.class_names`), and optionally one the
+natural owner (`client_key`: a writer or user id, for `partition=natural`).
+
+A problem with the data names the option that located it: `dataset.path` for a file or
+directory given there, `dataset.data_dir` for a Hub name's copy kept under it.
 """
 
 from __future__ import annotations
@@ -29,7 +33,10 @@ import numpy as np
 import torch
 
 from fedexp.data.datasets import Dataset
-from fedexp.data.files import data_error
+from fedexp.data.files import data_error, data_key
+from fedexp.data.hub_features import column as _column
+from fedexp.data.hub_features import feature_keys as _feature_keys
+from fedexp.data.hub_features import features as _features
 from fedexp.data.hub_local import dataset_root, splits_used
 from fedexp.data.leaf import owner_ids
 from fedexp.data.pixels import check_pixel_range, decode_image, to_unit
@@ -37,15 +44,6 @@ from fedexp.data.text import Sent140Encoder, tokenize
 from fedexp.errors import ConfigError
 
 TOKENIZERS = {"word": tokenize, "char": list}
-
-
-def _column(split: Any, key: str, what: str, split_name: str) -> list:
-    if key not in split.column_names:
-        raise ConfigError(
-            f"dataset.{what}: no column {key!r} in split {split_name!r} "
-            f"(columns: {', '.join(split.column_names)})"
-        )
-    return split[key]
 
 
 def _images(values: list, where: str, pixel_range) -> np.ndarray:
@@ -73,19 +71,22 @@ def _class_names(splits: dict[str, Any], label_key: str, used: list[str]) -> lis
 
 def _encode_labels(
     columns: list[list], names: list | None, num_classes: int | None, where: list[str]
-) -> tuple[list[np.ndarray], int]:
-    """Label columns -> int64 arrays in [0, C) and C; strings map to ids in sorted order."""
+) -> tuple[list[np.ndarray], int, tuple[str, ...] | None]:
+    """Label columns -> int64 arrays in [0, C), C and the class names (a ClassLabel's, or the
+    label strings, which map to ids in sorted order; None for numbers)."""
     values = [v for column in columns for v in column]
-    if any(v is None for v in values):
-        raise ConfigError(f"dataset.label_key: a missing label (null) in {', '.join(where)}")
+    for split, column in zip(where, columns):
+        if None in column:
+            row = list(column).index(None)
+            raise ConfigError(f"dataset.label_key: a missing label (null) in {split}, row {row}")
     if names is not None:
         count = len(names)
         encoded = [np.asarray(c, dtype=np.int64) for c in columns]
     elif values and all(isinstance(v, str) for v in values):
-        classes = sorted(set(values))
-        index = {c: i for i, c in enumerate(classes)}
+        names = sorted(set(values))
+        index = {c: i for i, c in enumerate(names)}
         encoded = [np.array([index[v] for v in c], dtype=np.int64) for c in columns]
-        count = len(classes)
+        count = len(names)
     else:
         try:
             encoded = [np.asarray(c).astype(np.int64) for c in columns]
@@ -98,11 +99,16 @@ def _encode_labels(
         count = int(max((e.max(initial=-1) for e in encoded), default=-1)) + 1
     if num_classes is not None:
         if num_classes < count:
-            raise ConfigError(f"dataset.num_classes: {num_classes}, but a label is {count - 1}")
+            named = f" ({names[-1]!r})" if names is not None else ""
+            raise ConfigError(
+                f"dataset.num_classes: {num_classes}, but a label is {count - 1}{named}"
+            )
+        if names is not None:  # the classes no label names keep their ids as names
+            names = [*names, *map(str, range(count, num_classes))]
         count = num_classes
     if any(e.min(initial=0) < 0 for e in encoded):
         raise ConfigError("dataset.label_key: a negative label")
-    return encoded, count
+    return encoded, count, None if names is None else tuple(map(str, names))
 
 
 def load_hf(
@@ -137,7 +143,7 @@ def load_hf(
         label_key, image_key, text_key, client_key: the columns (exactly one input: an image
             column, a text column or `feature_keys`).
         feature_keys: numeric columns forming a vector input, or `*`: every column but the
-            label and the owner.
+            label, the owner and those without numbers (`hub_features.star_keys`).
         name, revision: the Hub config and revision (`download=true` only).
         download: fetch a Hub dataset whose local copy is missing.
         train_split, test_split: split names; a missing test split (or null) gives no pooled
@@ -150,48 +156,46 @@ def load_hf(
     """
     _check_options(path, image_key, text_key, feature_keys, tokenizer, seq_len, test_fraction)
     pixel_range = check_pixel_range(pixel_range)
-    root = dataset_root(str(path), data_dir, download, name, revision)
-    splits, used = splits_used(root, train_split, test_split)
-    labels, count = _encode_labels(
-        [_column(splits[s], label_key, "label_key", s) for s in used],
-        _class_names(splits, label_key, used),
-        num_classes,
-        used,
-    )
-    owners = None
-    if client_key is not None:
-        column = list(_column(splits[train_split], client_key, "client_key", train_split))
-        if None in column:  # str(None) would make one client of every row without an owner
-            raise data_error(
-                f"{root}: split {train_split}, column {client_key}",
-                f"row {column.index(None)} has no owner (null)",
+    # a problem with the data names the option that located it: the file or directory given as
+    # dataset.path, or dataset.data_dir where a Hub name's copy is kept
+    given = Path(str(path)).expanduser().exists()
+    with data_key("dataset.path" if given else "dataset.data_dir"):
+        root = dataset_root(str(path), data_dir, download, name, revision)
+        splits, used = splits_used(root, train_split, test_split)
+        labels, count, names = _encode_labels(
+            [_column(splits[s], label_key, "label_key", s) for s in used],
+            _class_names(splits, label_key, used),
+            num_classes,
+            used,
+        )
+        owners = None
+        if client_key is not None:
+            column = list(_column(splits[train_split], client_key, "client_key", train_split))
+            if None in column:  # str(None) would make one client of every row without an owner
+                raise data_error(
+                    f"{root}: split {train_split}, column {client_key}",
+                    f"row {column.index(None)} has no owner (null)",
+                )
+            owners = owner_ids([str(v) for v in column])
+        if feature_keys is not None:
+            keys = _feature_keys(
+                feature_keys, splits[train_split], label_key, client_key, train_split
             )
-        owners = owner_ids([str(v) for v in column])
-    if feature_keys is not None:
-        keys = _feature_keys(feature_keys, splits[train_split], label_key, client_key)
-        tables = [_features(splits[s], keys, root, s) for s in used]
-        return _vector_dataset(root, tables, labels, count, owners, test_fraction, seed)
-    input_key, what = (image_key, "image_key") if image_key else (text_key, "text_key")
-    inputs = [_column(splits[s], input_key, what, s) for s in used]
-    if image_key is not None:
-        images = [
-            _images(c, f"{root}: split {s}, column {image_key}", pixel_range)
-            for c, s in zip(inputs, used)
-        ]
-        return _image_dataset(root, used, images, labels, count, owners, test_fraction, seed)
-    return _text_dataset(
-        root,
-        inputs,
-        labels,
-        count,
-        owners,
-        tokenizer,
-        seq_len,
-        min_count,
-        max_vocab,
-        test_fraction,
-        seed,
-    )
+            tables = [_features(splits[s], keys, root, s) for s in used]
+            data = _vector_dataset(root, tables, labels, count, owners, test_fraction, seed)
+        elif image_key is not None:
+            inputs = [_column(splits[s], image_key, "image_key", s) for s in used]
+            images = [
+                _images(c, f"{root}: split {s}, column {image_key}", pixel_range)
+                for c, s in zip(inputs, used)
+            ]
+            data = _image_dataset(root, used, images, labels, count, owners, test_fraction, seed)
+        else:
+            inputs = [_column(splits[s], text_key, "text_key", s) for s in used]
+            text = (tokenizer, seq_len, min_count, max_vocab)
+            data = _text_dataset(root, inputs, labels, count, owners, *text, test_fraction, seed)
+        data.class_names = names
+        return data
 
 
 def _check_options(path, image_key, text_key, feature_keys, tokenizer, seq_len, test_fraction):
@@ -200,9 +204,17 @@ def _check_options(path, image_key, text_key, feature_keys, tokenizer, seq_len, 
         raise ConfigError(
             "dataset.path: required (a Hub name org/name, a local directory or a data file)"
         )
-    if sum(k is not None for k in (image_key, text_key, feature_keys)) != 1:
+    inputs = {"image_key": image_key, "text_key": text_key, "feature_keys": feature_keys}
+    chosen = [k for k, v in inputs.items() if v is not None]
+    if not chosen:
         raise ConfigError(
-            "dataset.image_key: set exactly one of image_key, text_key and feature_keys"
+            "dataset.feature_keys: no input column: set dataset.feature_keys (numeric columns, "
+            "[a, b] or '*'), dataset.image_key or dataset.text_key"
+        )
+    if len(chosen) > 1:
+        raise ConfigError(
+            f"dataset.{chosen[-1]}: set only one of dataset.image_key, dataset.text_key and "
+            f"dataset.feature_keys, got {' and '.join(chosen)}"
         )
     if tokenizer not in TOKENIZERS:
         raise ConfigError(f"dataset.tokenizer: {tokenizer!r}, expected one of word, char")
@@ -257,41 +269,6 @@ def _image_dataset(root, used, images, labels, count, owners, test_fraction, see
         tuple(train_x.shape[1:]),
         train_client_ids=owners,
     )
-
-
-def _feature_keys(keys, split: Any, label_key: str, client_key: str | None) -> list[str]:
-    """The feature columns: as listed, or `*`: every column but the label and the owner."""
-    if keys == "*":
-        keys = [c for c in split.column_names if c not in (label_key, client_key)]
-    if isinstance(keys, str) or not keys:
-        raise ConfigError(f"dataset.feature_keys: a list of column names or '*', got {keys!r}")
-    return [str(k) for k in keys]
-
-
-def _features(split: Any, keys: list[str], root: Path, split_name: str) -> np.ndarray:
-    """Numeric columns -> a float32 (rows, len(keys)) array; anything else refused, naming it."""
-    columns = []
-    for key in keys:
-        values = _column(split, key, "feature_keys", split_name)
-        where = f"{root}: split {split_name}, column {key}"
-        try:
-            column = np.asarray(values, dtype=np.float64)
-        except (TypeError, ValueError):
-            row = next(i for i, v in enumerate(values) if not _number(v))
-            raise data_error(where, f"row {row}: {values[row]!r} is not a number") from None
-        if not np.isfinite(column).all():
-            row = int(np.flatnonzero(~np.isfinite(column))[0])
-            raise data_error(where, f"row {row}: {column[row]} (missing or not finite)")
-        columns.append(column)
-    return np.stack(columns, axis=1).astype(np.float32)
-
-
-def _number(value: Any) -> bool:
-    try:
-        float(value)
-    except (TypeError, ValueError):
-        return False
-    return True
 
 
 def _vector_dataset(root, tables, labels, count, owners, test_fraction, seed) -> Dataset:

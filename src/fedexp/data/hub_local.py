@@ -128,7 +128,8 @@ def fetch(path: str, name: str | None, revision: str | None, target: Path) -> No
         loaded.save_to_disk(str(target))
     except Exception as err:
         raise ConfigError(
-            f"dataset.path: download of {path} from the Hugging Face Hub failed ({one_line(err)})"
+            f"dataset.path: download of {path} from the Hugging Face Hub failed "
+            f"({one_line(err, 400)})"
         ) from None
 
 
@@ -144,8 +145,8 @@ def dataset_root(path: str, data_dir: str, download: bool, name, revision) -> Pa
         if not root.is_dir():
             if not download:
                 raise ConfigError(
-                    f"dataset.data_dir: no copy of {path} at {root} ({path} is no local "
-                    "directory either); "
+                    f"dataset.path: {path} is no local file or directory, and no Hub copy of "
+                    f"it is at {root} (under dataset.data_dir); "
                     "set dataset.download=true on a machine with internet, or give "
                     "dataset.path=<dir> holding a save_to_disk copy or data files, or "
                     "dataset.path=<file.csv|.json|.parquet>"

@@ -221,7 +221,7 @@ def _download_femnist(root: Path) -> None:
     except Exception as err:
         raise ConfigError(
             f"dataset.data_dir: FEMNIST download of {FEMNIST_HF_REPO} to {root} failed "
-            f"({type(err).__name__}); put LEAF's train/ and test/ JSON dirs there"
+            f"({one_line(err, 400)}); put LEAF's train/ and test/ JSON dirs there"
         ) from None
 
 

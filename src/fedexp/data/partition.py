@@ -143,7 +143,8 @@ def natural(
     if client_ids is None:
         raise ConfigError(
             "partition: natural split needs a dataset with client ids (writers, users: femnist, "
-            "sent140, synthetic); use partition=iid, shards or dirichlet for this dataset"
+            "sent140, synthetic; dataset=hf with dataset.client_key=<the owner column>); use "
+            "partition=iid, shards or dirichlet for this dataset"
         )
     owners, counts = np.unique(client_ids, return_counts=True)
     eligible = np.flatnonzero(counts >= min_samples)

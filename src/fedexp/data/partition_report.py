@@ -1,8 +1,15 @@
-"""Label-distribution plot of a partition: clients x classes heatmap plus client sizes (PNG)."""
+"""Label-distribution plot of a partition: clients x classes heatmap plus client sizes (PNG).
+
+Classes are shown by name where the data name them (`Dataset.class_names`: a ClassLabel's
+names, a CSV's label strings), in the CSV's header (`class_benign`) and on the plot's axis;
+otherwise by id (`class_0`).
+"""
 
 from __future__ import annotations
 
+import csv
 import hashlib
+import io
 import threading
 from functools import partial
 from pathlib import Path
@@ -33,13 +40,50 @@ def plot_rows(counts: np.ndarray, max_rows: int = MAX_ROWS) -> np.ndarray:
     return order[np.linspace(0, num - 1, max_rows).round().astype(np.int64)]
 
 
-def plot_label_distribution(counts: np.ndarray, path: str | Path, title: str = "") -> Path:
+NAMED_TICKS = 40  # up to this many classes, every class's name is on the axis
+
+
+def plot_label_distribution(
+    counts: np.ndarray,
+    path: str | Path,
+    title: str = "",
+    class_names: tuple[str, ...] | None = None,
+) -> Path:
     """Write a PNG of per-client class shares (rows sum to 1) and per-client training sizes.
 
     Shares rather than counts, so that clients of very different sizes (natural splits) are
     comparable; the bar panel on the right gives the sizes. Past `MAX_ROWS` clients, the rows
     are the `plot_rows` subset (labelled with their client ids; the CSV keeps every client).
+    The class axis shows `class_names` where given, else class ids.
     """
+    fig = label_figure(counts, title, class_names)
+    path = Path(path)
+    fig.savefig(path, dpi=100)  # a bare Figure saves a PNG through Agg, without a display
+    return path
+
+
+def _name_classes(ax, class_names: tuple[str, ...]) -> None:
+    """The class axis labelled by name: every class up to `NAMED_TICKS`, else the ticks
+    matplotlib picks; names turned upright where they would overlap."""
+    from matplotlib.ticker import FixedLocator, MaxNLocator
+
+    count = len(class_names)
+    if count <= NAMED_TICKS:
+        ax.xaxis.set_major_locator(FixedLocator(np.arange(count)))
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+    def name(value, _):
+        i = int(round(value))
+        return class_names[i] if abs(value - i) < 1e-6 and 0 <= i < count else ""
+
+    ax.xaxis.set_major_formatter(name)
+    if count * max(map(len, class_names), default=0) > 60:  # about the axis's width
+        ax.tick_params(axis="x", labelrotation=90)
+
+
+def label_figure(counts: np.ndarray, title: str = "", class_names=None):
+    """The matplotlib Figure `plot_label_distribution` saves."""
     # here for start-up time (matplotlib: a second); a Figure of its own, not pyplot's global
     # state, so it may be drawn in a thread while the first rounds run (`start_partition_stats`)
     from matplotlib.figure import Figure
@@ -64,7 +108,10 @@ def plot_label_distribution(counts: np.ndarray, path: str | Path, title: str = "
         heading += f"\n{num_clients} of {population} clients shown, by dominant class"
         ax.set_ylabel("client (id)")
     ax.set_title(heading, fontsize=10)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if class_names is not None and len(class_names) == num_classes:
+        _name_classes(ax, tuple(class_names))
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=20))
     if num_clients < population:
         ax.yaxis.set_major_formatter(
@@ -82,22 +129,29 @@ def plot_label_distribution(counts: np.ndarray, path: str | Path, title: str = "
         fraction=0.05,
         pad=0.08,
     )
-    path = Path(path)
-    fig.savefig(path, dpi=100)  # a bare Figure saves a PNG through Agg, without a display
-    return path
+    return fig
 
 
-def draw_once(counts: np.ndarray, path: str | Path, title: str = "") -> Path:
+def draw_once(
+    counts: np.ndarray,
+    path: str | Path,
+    title: str = "",
+    class_names: tuple[str, ...] | None = None,
+) -> Path:
     """`plot_label_distribution`, or the bytes of the same plot drawn earlier in this process."""
     counts, path = np.asarray(counts), Path(path)
-    key = hashlib.sha1(f"{counts.shape} {counts.dtype} {title!r}".encode())
+    names = None if class_names is None else tuple(class_names)
+    key = hashlib.sha1(f"{counts.shape} {counts.dtype} {title!r} {names!r}".encode())
     key.update(np.ascontiguousarray(counts).tobytes())
     with _DRAWN_LOCK:
         png = _DRAWN.get(key.hexdigest())
     if png is not None:
         path.write_bytes(png)
         return path
-    plot_label_distribution(counts, path, title)
+    if names is None:
+        plot_label_distribution(counts, path, title)
+    else:
+        plot_label_distribution(counts, path, title, class_names=names)
     png = path.read_bytes()
     with _DRAWN_LOCK:
         while len(_DRAWN) >= _DRAWN_KEPT:
@@ -159,10 +213,11 @@ def start_partition_stats(
     files."""
     run_dir = Path(run_dir)
     counts = class_counts(data.train_labels(), data.partition, data.num_classes)
+    names = getattr(data, "class_names", None)
+    if names is not None and len(names) != counts.shape[1]:
+        names = None
     path = run_dir / "partition_stats.csv"
-    header = "client,group,n_train,n_test,n_val," + ",".join(
-        f"class_{c}" for c in range(counts.shape[1])
-    )
+    header = _header(counts.shape[1], names)
     part = data.partition
     num = len(counts)
     n_val = part.val.sizes if part.val is not None else np.zeros(num, dtype=np.int64)
@@ -177,4 +232,16 @@ def start_partition_stats(
     path.write_text(header + "\n" + body)
     plot = run_dir / "partition_labels.png"
     artifacts = ((plot, "partition/label_distribution"), (path, "partition/class_counts"))
-    return PartitionStats(artifacts, partial(draw_once, counts, plot, title), background)
+    draw = partial(draw_once, counts, plot, title, names)
+    return PartitionStats(artifacts, draw, background)
+
+
+def _header(num_classes: int, names: tuple[str, ...] | None) -> str:
+    """The CSV's header: `class_<name>` per class where the classes have names, else
+    `class_<id>`; cells quoted where a name holds a comma, a quote or a line break."""
+    classes = [f"class_{c}" for c in (names if names is not None else range(num_classes))]
+    out = io.StringIO()
+    csv.writer(out, lineterminator="").writerow(
+        ["client", "group", "n_train", "n_test", "n_val", *classes]
+    )
+    return out.getvalue()

@@ -28,25 +28,26 @@ from fedexp.errors import ConfigError
 log = logging.getLogger(__name__)
 
 
-def check_client_count(found: int, num_clients: int, clients_per_round: int) -> None:
+def check_client_count(found: int, num_clients: int, clients_per_round: int) -> int:
     """A split with fewer clients than `num_clients` (a natural split with fewer owners) runs
-    with the clients there are, said in one log line; a round larger than that is refused."""
+    with the clients there are, and a `clients_per_round` above them samples every client each
+    round; both said in one log line. Returns the clients a round samples."""
     if found >= num_clients:
-        return
-    if clients_per_round > found:
-        raise ConfigError(
-            f"clients_per_round: {clients_per_round}, but the natural split has only {found} "
-            f"clients (owners) of the num_clients={num_clients} asked; set "
-            f"clients_per_round <= {found}"
-        )
+        return clients_per_round
+    per_round = min(clients_per_round, found)
+    asked = (
+        f" (clients_per_round={clients_per_round} asked)" if per_round < clients_per_round else ""
+    )
     log.info(
         "partition: the data have %d eligible owners, fewer than num_clients=%d: running with "
-        "%d clients, %d a round",
+        "%d clients, %d a round%s",
         found,
         num_clients,
         found,
-        clients_per_round,
+        per_round,
+        asked,
     )
+    return per_round
 
 
 class Scheme:

@@ -68,7 +68,8 @@ class Orchestrator:
         self.attack = attack
         self.seed = seed
         self.rounds = rounds
-        self.clients_per_round = clients_per_round
+        # a natural split with fewer owners than asked: every client, each round
+        self.clients_per_round = min(clients_per_round, data.num_clients)
         self.eval_every = eval_every
         self.personal_clients = personal_clients  # None: every client's personal model
         self.callbacks = list(callbacks)
