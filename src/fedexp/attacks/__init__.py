@@ -66,7 +66,9 @@ class NoAttack:
         """Called once before training with the BuildContext (seed, aggregator, data...)."""
 
     def check_cohort(self, num_clients: int, per_round: int) -> None:
-        """Raise ConfigError when no cohort of `per_round` clients passes `rejects`."""
+        """Raise ConfigError when no cohort of `per_round` clients passes `rejects` (a cohort
+        larger than the population is the population: `clients_per_round` is capped there)."""
+        per_round = min(per_round, num_clients)
         benign = num_clients - len(self.malicious)
         if self.redraw_majority and 2 * (per_round - min(benign, per_round)) >= per_round:
             raise ConfigError(
