@@ -39,22 +39,49 @@ def test_sample_std_uses_n_minus_one():
     assert sample_std([0.9]) == 0.0
 
 
-def test_chain_holds_only_when_every_link_holds():
-    a, b, c = m("A", 0.9, 0.9, 0.9), m("B", 0.8, 0.8, 0.8), m("C", 0.7, 0.7, 0.7)
-    ok = judge([a, b, c], ((0, ">", 1), (1, ">", 2)))
-    assert ok.holds and ok.clear and ok.text() == "yes" and ok.failed == []
-    broken = judge([a, c, b], ((0, ">", 1), (1, ">", 2)))  # 0.9 > 0.7 holds, 0.7 > 0.8 not
-    assert broken.holds is False and broken.failed == ["C > B"] and broken.text() == "no"
+def test_a_paired_interval_by_hand():
+    # differences 0.1, 0.2, 0.3: mean 0.2, sd 0.1, t(0.975, 2) = 4.3027: half 0.2484
+    a, b = m("A", 0.6, 0.7, 0.8), m("B", 0.5, 0.5, 0.5)
+    (interval,) = judge([a, b], ((0, ">", 1),)).intervals
+    assert interval.n == 3 and interval.mean == pytest.approx(0.2)
+    assert interval.high - interval.mean == pytest.approx(4.302653 * 0.1 / 3**0.5, rel=1e-5)
+    assert interval.low == pytest.approx(-0.0484, abs=1e-4)  # crosses 0: inconclusive
+    assert interval.verdict == "inconclusive"
 
 
-def test_direction_within_seed_spread_is_flagged():
-    # means 0.6 and 0.5: the direction holds, but the difference 0.1 ≤ std 0.2 of A
-    a, b = m("A", 0.4, 0.6, 0.8), m("B", 0.5, 0.5, 0.5)
-    assert sample_std([0.4, 0.6, 0.8]) == pytest.approx(0.2)
-    verdict = judge([a, b], ((0, ">", 1),))
-    assert verdict.holds and not verdict.clear
-    assert verdict.text() == "yes (within seed spread)"
-    assert judge([b, a], ((0, "<=", 1),)).holds  # 0.5 ≤ 0.6
+def test_yes_no_and_inconclusive_come_from_the_interval():
+    # paired: B is A minus 0.1 on every seed: a zero-width interval at +0.1
+    a, b = m("A", 0.9, 0.6, 0.8), m("B", 0.8, 0.5, 0.7)
+    assert judge([a, b], ((0, ">", 1),)).text() == "yes"  # pairs differ by seed, sd 0
+    assert judge([a, b], ((0, "<", 1),)).text() == "no"  # excluded the other way
+    assert judge([a, b], ((0, "<", 1),)).failed == ["A < B"]
+    # the unpaired spread (0.9 / 0.6 / 0.8) is large, the paired one is not
+    noisy = m("C", 0.95, 0.45, 0.8)  # differences from B: +0.15, −0.05, +0.1
+    assert judge([noisy, b], ((0, ">", 1),)).text() == "inconclusive"
+    assert judge([b, noisy], ((0, ">", 1),)).text() == "inconclusive"  # a "no" needs it too
+    one = judge([m("A", 0.9), m("B", 0.1)], ((0, ">", 1),))
+    assert one.text() == "inconclusive"  # one seed: no interval
+
+
+def test_a_chain_needs_every_link():
+    a, b, c = m("A", 0.9, 0.91, 0.92), m("B", 0.8, 0.81, 0.8), m("C", 0.7, 0.7, 0.72)
+    assert judge([a, b, c], ((0, ">", 1), (1, ">", 2))).text() == "yes"
+    broken = judge([a, c, b], ((0, ">", 1), (1, ">", 2)))  # C > B fails clearly
+    assert broken.text() == "no" and broken.failed == ["C > B"] and broken.holds is False
+
+
+def test_sides_measuring_different_quantities_are_refused():
+    from fedexp.claims.catalogue import ACC_CLIENTS, ACC_GLOBAL, ACC_PERSONAL, Claim
+
+    personal = Term("P", "s1", ACC_PERSONAL)
+    with pytest.raises(ValueError, match="one quantity on both sides"):
+        Claim("x", "x", "t", "p", "n", (personal, Term("G", "s2", ACC_GLOBAL)), ((0, ">", 1),),
+              section="s")  # fmt: skip
+    # the global model on the clients' local test splits: the same quantity as personal's
+    Claim("x", "x", "t", "p", "n", (personal, Term("G", "s2", ACC_CLIENTS)), ((0, ">", 1),),
+          section="s")  # fmt: skip
+    for claim in CLAIMS:  # the catalogue itself: built, so every relation passed the check
+        assert claim.section
 
 
 def test_drop_pairs_clean_and_attacked_runs_by_seed():
@@ -63,6 +90,23 @@ def test_drop_pairs_clean_and_attacked_runs_by_seed():
     got = measure(term, summaries)
     assert got.values == {0: 0.375, 1: 0.125}
     assert got.mean == 0.25
+    assert got.final == got.values  # no metrics.jsonl: the final round
+
+
+def test_a_drop_is_the_mean_of_the_last_10_evaluations_beside_the_final_round():
+    from fedexp.claims.verdict import tail_means
+
+    rows = [{"round": t, "acc": 0.1 * (t % 2)} for t in range(1, 13)]  # 0.1, 0, 0.1, ...
+    rows.append({"round": 13, "train/loss": 1.0})  # a round without evaluation
+    assert tail_means(rows, ("acc",)) == {"acc": pytest.approx(0.05)}  # rounds 3..12
+    term = Term("drop", "attacked", ("acc",), clean="clean")
+    assert term.window == "last 10" and Term("a", "s", ("acc",)).window == "final"
+    summaries = {"clean": runs("acc", 0.9), "attacked": runs("acc", 0.2)}
+    tails = {"clean": {0: {"acc": 0.85}}, "attacked": {0: {"acc": 0.45}}}
+    got = measure(term, summaries, [0], tails)
+    assert got.values == {0: pytest.approx(0.4)} and got.final == {0: pytest.approx(0.7)}
+    final = Term("drop", "attacked", ("acc",), clean="clean", window="final")
+    assert measure(final, summaries, [0], tails).values == {0: pytest.approx(0.7)}
 
 
 def test_a_verdict_is_never_computed_on_a_subset_of_seeds():
@@ -109,7 +153,7 @@ def test_metric_falls_back_and_the_row_says_so():
     }
     measured, verdict = evaluate(claim, summaries)
     assert [x.key for x in measured] == ["privacy/mia_acc"] * 2
-    assert verdict.holds  # 0.5 ≤ 0.5625
+    assert verdict.text() == "inconclusive"  # differences −0.125 and 0 over two seeds
     text = row(claim, measured, verdict)
     assert text.count("(`privacy/mia_acc`: privacy/mia_auc is not reported by this version)") == 1
     assert "WAFFLe 0.500 ± 0.000" in text and "FedAvg 0.562 ± 0.088" in text
@@ -117,13 +161,15 @@ def test_metric_falls_back_and_the_row_says_so():
 
 def test_a_missing_setting_gives_n_a_not_a_verdict():
     claim = next(c for c in CLAIMS if c.slug == "waffle-unimodal")
-    measured, verdict = evaluate(claim, {"shards-fedavg-wfc": runs("eval/global/acc", 0.8)})
+    measured, verdict = evaluate(
+        claim, {"shards-fedavg-wfc": runs("eval/global/client_acc_mean", 0.8)}
+    )
     assert verdict.holds is None and verdict.text() == "n/a"
     assert "WAFFLe n/a (no completed run of shards-waffle)" in row(claim, measured, verdict)
 
 
 def test_catalogue_is_consistent():
-    assert [c.id for c in CLAIMS] == [str(i) for i in range(1, 11)]
+    assert [c.id for c in CLAIMS] == ["1", "1b", *map(str, range(2, 11))]
     for name in TIERS:
         claims, settings = tier(name)
         for claim in claims:
@@ -146,9 +192,14 @@ def test_paper_tier_keeps_the_compared_terms_and_renumbers_the_relations():
     nine = by_id["9"]
     assert [t.setting for t in nine.terms] == ["shards-fedhenn", "shards-fedhenn-eta0"]
     assert nine.relations == ((0, ">", 1),)
-    # claim 4 runs on the multimodal split there
-    assert [t.setting for t in by_id["4"].terms] == ["multimodal-waffle", "multimodal-fedavg"]
-    assert "multimodal" in by_id["4"].text
+    # claim 4 (Table 1) on both of its splits: unimodal shards, and 4m on the multimodal one
+    assert [t.setting for t in by_id["4"].terms] == ["shards-waffle", "shards-fedavg-wfc"]
+    assert "experiment=waffle_mnist_unimodal" in settings["shards-waffle"].overrides
+    assert [t.setting for t in by_id["4m"].terms] == ["multimodal-waffle", "multimodal-fedavg"]
+    assert "multimodal" in by_id["4m"].text
+    # claim 3 at the paper's T = 100; claim 1 against each of FedHeNN's baselines
+    assert "rounds=100" in settings["multimodal-waffle"].overrides
+    assert [t.setting for t in by_id["1"].terms][2:] == ["shards-fedavg-fhc", "shards-fedprox-fhc"]
     # the paper's populations: FRL 1 000 clients, 25 a round; FedHeNN E = 20
     frl = settings["frl-rr20"].overrides
     assert "experiment=frl_mnist_dir1" in frl and "attack.fraction=0.2" in frl
@@ -189,13 +240,14 @@ def test_cheapest_claim_end_to_end(tmp_path):
     out = tmp_path / "claims"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO / "src"))
     env["FEDEXP_CACHE_DIR"] = str(tmp_path / "cache")
-    args = ["--only", "7", "--seeds", "1", "--override", "rounds=2", "--out", str(out)]
+    # two seeds: one seed gives no interval (inconclusive, however exact the quantity)
+    args = ["--only", "7", "--seeds", "2", "--override", "rounds=2", "--out", str(out)]
     proc = subprocess.run(
         [sys.executable, "-m", "fedexp.claims", *args],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count("[claims ") == 3 and "[claims 3/3] claim 7" in proc.stdout
+    assert proc.stdout.count("[claims ") == 6 and "[claims 6/6] claim 7" in proc.stdout
     record = json.loads((out / "claims.json").read_text())
     (claim,) = record["claims"]
     bits = {t["label"]: t["values"]["0"] for t in claim["terms"]}
@@ -212,13 +264,15 @@ def test_cheapest_claim_end_to_end(tmp_path):
     md = (out / "claims.md").read_text()
     assert "| 7. FRL's upload" in md
     assert "FRL 2.41 Mbit ± 0.00 Mbit; FedAvg 6.15 Mbit ± 0.00 Mbit; SignSGD 0.19 Mbit" in md
-    assert md.splitlines()[4].endswith("| yes |")
+    (line,) = [x for x in md.splitlines() if x.startswith("| 7. FRL's upload")]
+    assert "| yes: FRL < FedAvg: Δ " in line and "; FRL > SignSGD: Δ +" in line
     # a second call with the same out dir reuses the runs
     again = subprocess.run(
         [sys.executable, "-m", "fedexp.claims", *args],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
-    assert again.returncode == 0 and again.stdout.count("| reused |") == 3
+    assert again.returncode == 0 and again.stdout.count("| reused |") == 6
+    assert "6 runs reused from an earlier check (their time not counted)" in again.stdout
 
 
 def test_settings_text_is_read_from_the_runs_configs():
@@ -232,16 +286,20 @@ def test_settings_text_is_read_from_the_runs_configs():
     settings = {"a": Setting("a", (), 1), "b": Setting("b", (), 1)}
     claim = Claim(
         "9", "t", "A > B", "paper", "accuracy",
-        (Term("A", "a", ("acc",)), Term("B", "b", ("acc",))), ((0, ">", 1),),
+        (Term("A", "a", ("acc",)), Term("B", "b", ("acc",))), ((0, ">", 1),), section="s",
     )  # fmt: skip
     summaries = {"a": {0: summary(0.01, 10, "x")}, "b": {0: summary(0.05, 10, "y")}}
     text = claim_setting_text(claim, settings, summaries)
     # what both share is stated once; every differing key names each setting's value; paths
     # (where files go) are not settings
     assert text == (
-        "accuracy. shared: rounds=20, client.batch_size=10; "
+        "accuracy. shared beyond the tier's common settings: rounds=20, client.batch_size=10; "
         "differs: algorithm (a x / b y); client.lr (a 0.01 / b 0.05)"
     )
+    # what the whole tier shares is said once above the table, not in each row
+    common = {"rounds": 20}
+    text = claim_setting_text(claim, settings, summaries, common)
+    assert text.startswith("accuracy. shared beyond the tier's common settings: client.batch_size")
 
 
 def test_settings_text_of_a_claim_without_runs_is_composed_from_its_overrides():
@@ -294,8 +352,8 @@ def test_vary_runs_the_claim_once_per_value_and_tabulates_each_verdict(tmp_path,
     # 10 a round: trimmed mean drops 0.02 < FRL's 0.05 (no); 40: 0.08 > 0.05 (yes)
     assert "| 6. frl-vs-trimmed-mean | 10 |" in text and "| 6. frl-vs-trimmed-mean | 40 |" in text
     rows = [line for line in text.splitlines() if line.startswith("| 6.")]
-    assert rows[0].endswith("| no: not FRL drop < trimmed-mean drop |")
-    assert rows[1].endswith("| yes |")
+    assert rows[0].endswith("| no: FRL drop < trimmed-mean drop: Δ +0.030 [+0.030, +0.030] |")
+    assert rows[1].endswith("| yes: FRL drop < trimmed-mean drop: Δ -0.030 [-0.030, -0.030] |")
     assert (out / "clients_per_round-40" / "claims.json").is_file()
     assert main(["--vary", "clients_per_round", "--out", str(out)]) == 2
 

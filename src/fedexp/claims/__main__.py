@@ -14,10 +14,16 @@ from pathlib import Path
 
 from fedexp.claims.catalogue import Claim, Setting, settings_of
 from fedexp.claims.runner import Runner, SettingResult
-from fedexp.claims.settings_text import check_composes, claim_setting_text
+from fedexp.claims.settings_text import (
+    check_composes,
+    claim_setting_text,
+    common_text,
+    common_values,
+    setting_configs,
+)
 from fedexp.claims.table import claim_json, markdown, row, update_doc
 from fedexp.claims.tiers import DEFAULT_SEEDS, TIERS, tier
-from fedexp.claims.verdict import evaluate
+from fedexp.claims.verdict import Tails, evaluate, tail_means
 from fedexp.core.types import ConfigError
 
 EXIT_CONFIG = 2
@@ -126,15 +132,45 @@ def timing_line(results: dict[str, SettingResult]) -> str:
     )
 
 
-def header(argv, args, seeds, runs: int, wall: float) -> str:
-    """The line above the table: the command, date, commit, seeds, runs and wall time."""
-    shown = [a for a in argv if a not in ("--update-doc", args.update_doc)]
+def shown_argv(argv: list[str], args: argparse.Namespace) -> list[str]:
+    """The command as a reader can retype it: `--update-doc` and `--out` (a directory of the
+    machine that made the table) left out."""
+    shown, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        name = arg.partition("=")[0]
+        if name in ("--update-doc", "--out"):
+            skip = "=" not in arg
+            continue
+        shown.append(arg)
+    return shown
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes} min {secs} s"
+
+
+def header(argv, args, seeds, results: dict[str, SettingResult], wall: float) -> str:
+    """The line above the table: the command, date, commit, seeds, and the runs' time: the
+    runs this check made (their own seconds summed, and the wall time of the check), the
+    runs reused from an earlier check counted apart."""
     extra = f"; every run with `{' '.join(args.override)}`" if args.override else ""
-    minutes, seconds = divmod(int(wall), 60)
+    records = [r for res in results.values() for r in res.runs.values()]
+    fresh = [r for r in records if not r.reused]
+    reused = len(records) - len(fresh)
+    ran = (
+        f"{len(fresh)} runs made, {_duration(sum(r.run_s for r in fresh))} of run time, "
+        f"{_duration(wall)} of wall time with {args.jobs} job(s)"
+    )
+    if reused:
+        ran += f"; {reused} runs reused from an earlier check (their time not counted)"
     return (
-        f"`{' '.join(['python -m fedexp.claims', *shown])}` — {datetime.now():%Y-%m-%d}, "
-        f"commit {_commit()}: seeds {', '.join(map(str, seeds))}{extra}; {runs} runs in "
-        f"{minutes} min {seconds} s with {args.jobs} job(s)."
+        f"`{' '.join(['python -m fedexp.claims', *shown_argv(argv, args)])}` — "
+        f"{datetime.now():%Y-%m-%d}, commit {_commit()}: seeds {', '.join(map(str, seeds))}; "
+        f"{ran}{extra}."
     )
 
 
@@ -160,6 +196,33 @@ def settings_json(
         }
         for sid, res in results.items()
     }
+
+
+def run_tails(results: dict[str, SettingResult], claims: list[Claim]) -> Tails:
+    """For the settings of the claims' drop terms: each run's last-10-evaluations means of the
+    terms' metrics, read from its metrics.jsonl."""
+    wanted: dict[str, set[str]] = {}
+    for claim in claims:
+        for term in claim.terms:
+            if term.clean:
+                for sid in (term.setting, term.clean):
+                    wanted.setdefault(sid, set()).update(term.keys)
+    tails: Tails = {}
+    for sid, keys in wanted.items():
+        for seed, record in getattr(results.get(sid), "runs", {}).items():
+            path = Path(record.run_dir) / "metrics.jsonl"
+            try:
+                lines = path.read_text().splitlines()
+            except OSError:
+                continue
+            rows = []
+            for line in lines:
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+            tails.setdefault(sid, {})[seed] = tail_means(rows, tuple(sorted(keys)))
+    return tails
 
 
 def vary_values(vary: str | None) -> list[str | None]:
@@ -223,7 +286,8 @@ def vary_markdown(argv, args, tables: list[tuple[str, dict]], wall: float) -> st
     key = args.vary.partition("=")[0]
     minutes, seconds = divmod(int(wall), 60)
     lines = [
-        f"`{' '.join(['python -m fedexp.claims', *argv])}` — {datetime.now():%Y-%m-%d}, commit "
+        f"`{' '.join(['python -m fedexp.claims', *shown_argv(argv, args)])}` — "
+        f"{datetime.now():%Y-%m-%d}, commit "
         f"{_commit()}: {args.tier} tier, seeds 0..{args.seeds - 1}, {len(tables)} values of "
         f"`{key}` in {minutes} min {seconds} s.",
         "",
@@ -265,15 +329,19 @@ def check(argv, args, claims, known, users, out: Path) -> int:
         sid: {s: r.summary for s, r in res.runs.items() if r.summary is not None}
         for sid, res in results.items()
     }
+    tails = run_tails(results, claims)
+    common = common_values(setting_configs(list(users), known, summaries))
     rows, entries, undecided = [], [], []
     for claim in claims:
-        measured, verdict = evaluate(claim, summaries, seeds)
-        if verdict.holds is None:
+        measured, verdict = evaluate(claim, summaries, seeds, tails)
+        if verdict.text() == "n/a":
             undecided.append(claim.id)
-        setting = claim_setting_text(claim, known, summaries)
+        setting = claim_setting_text(claim, known, summaries, common)
         rows.append(row(claim, measured, verdict, setting))
         entries.append(claim_json(claim, measured, verdict, setting))
-    text = markdown(rows, header(argv, args, seeds, runs, wall), timing_line(results))
+    head = header(argv, args, seeds, results, wall)
+    head += f"\n\nEvery setting of this table has: {common_text(common)}."
+    text = markdown(rows, head, timing_line(results))
     (out / "claims.md").write_text(text)
     record = {
         "command": ["python", "-m", "fedexp.claims", *argv],

@@ -9,11 +9,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ACC_GLOBAL = ("eval/global/acc",)
+ACC_GLOBAL = ("eval/global/acc",)  # the global model on the pooled test set
+# the global model on each client's local test split, averaged over clients: what FedHeNN and
+# WAFFLe report for every method ("the average test accuracy obtained on the clients' test
+# datasets"), global ones included
+ACC_CLIENTS = ("eval/global/client_acc_mean",)
 ACC_PERSONAL = ("eval/personal/acc_mean",)
 GAP = ("eval/group/gap",)
 MIA = ("privacy/mia_auc", "privacy/mia_acc")  # the first key every run reports is used
 UP_BITS = ("comm/up_bits_total",)
+
+# what a metric measures: two sides of a relation must measure the same quantity (a personal
+# model's and a global model's accuracy on the clients' local test splits are one quantity)
+QUANTITY = {
+    "eval/global/acc": "accuracy on the pooled test set",
+    "eval/global/client_acc_mean": "accuracy on the clients' local test splits, client mean",
+    "eval/personal/acc_mean": "accuracy on the clients' local test splits, client mean",
+    "eval/group/gap": "best − worst client group's local test accuracy",
+    "privacy/mia_auc": "membership-inference attack on the uploads",
+    "privacy/mia_acc": "membership-inference attack on the uploads",
+    "comm/up_bits_total": "bits uploaded over the run",
+}
 
 
 @dataclass(frozen=True)
@@ -47,13 +63,30 @@ class Term:
     keys: tuple[str, ...]
     clean: str | None = None
     unit: str = "acc"
+    window: str = ""  # a drop's rounds: `last 10` (default for a drop) or `final`
+
+    def __post_init__(self) -> None:
+        if not self.window:
+            object.__setattr__(self, "window", "last 10" if self.clean else "final")
+        if self.window not in ("last 10", "final"):
+            raise ValueError(f"Term {self.label}: window must be 'last 10' or 'final'")
+
+    @property
+    def quantity(self) -> str:
+        """What the term measures (`QUANTITY`), a drop of it where it has a clean setting."""
+        what = QUANTITY.get(self.keys[0], self.keys[0])
+        return f"drop of {what} over the {self.window} evaluations" if self.clean else what
 
 
 @dataclass(frozen=True)
 class Claim:
     """A paper's headline claim and the comparison that checks its direction here.
 
-    `relations` are (i, op, j) with op in `>`, `<`, `>=`, `<=`: terms[i] op terms[j].
+    `relations` are (i, op, j) with op in `>`, `<`, `>=`, `<=`: terms[i] op terms[j]; the two
+    sides of every relation measure the same quantity (`Term.quantity`), or the claim is
+    refused when it is defined. `quote` is the paper's sentence the claim checks and `section`
+    where it stands; a claim without a quote is the project's own (a finding of an ablation, a
+    relation the paper's tables show but no sentence states), and says so.
     """
 
     id: str
@@ -63,6 +96,21 @@ class Claim:
     note: str  # what is measured; the settings themselves are printed from their configs
     terms: tuple[Term, ...]
     relations: tuple[tuple[int, str, int], ...]
+    quote: str = ""
+    section: str = ""
+
+    def __post_init__(self) -> None:
+        for i, op, j in self.relations:
+            if op not in (">", "<", ">=", "<="):
+                raise ValueError(f"claim {self.id}: relation {op!r} is not >, <, >= or <=")
+            a, b = self.terms[i], self.terms[j]
+            if a.quantity != b.quantity:
+                raise ValueError(
+                    f"claim {self.id}: {a.label} measures {a.quantity}, {b.label} "
+                    f"{b.quantity}: a relation compares one quantity on both sides"
+                )
+        if not self.section:
+            raise ValueError(f"claim {self.id}: no section (where the paper states it)")
 
 
 # digits (1,797 8x8 images), 20 clients of 2-class shards, 10 a round, MLP 200-200, SGD lr 0.05
@@ -121,6 +169,7 @@ _SETTINGS = [
     # (client=fedhenn) for claim 1, WAFFLe's (client=waffle) for claim 4
     Setting("shards-fedavg-fhc", (*SHARDS, "algorithm=fedavg", "client=fedhenn"), 40),
     Setting("shards-fedrep-fhc", (*SHARDS, "algorithm=fedrep", "client=fedhenn"), 40),
+    Setting("shards-fedprox-fhc", (*SHARDS, "algorithm=fedprox", "client=fedhenn"), 45),
     *_eta_settings("shards-fedhenn", (*SHARDS, "algorithm=fedhenn"), 50),
     *_eta_settings("shards-fedhenn-het", (*SHARDS, *HET), 75),
     # WAFFLe averages its clients uniformly: so does its FedAvg here
@@ -147,26 +196,55 @@ _SETTINGS = [
 ]
 SETTINGS: dict[str, Setting] = {s.id: s for s in _SETTINGS}
 
+HENN_RESULTS = "FedHeNN, Experiments: results (Table 2)"
+HENN_BETTER = (
+    "The results for comparisons of the personalised models are reported in Table 2 and the "
+    "results demonstrate that the FedHeNN's performance is better than the baselines."
+)
+FRL_TABLE1 = (
+    "for FEMNIST, 10% (20%) malicious clients reduce accuracy of the global model from 85.8% "
+    "to 72.7% (56.2%) for Trimmed-Mean, and to 80.9% (23.7%) for Multi-krum, while FRL accuracy "
+    "decreases to 83.0% (65.8%)."
+)
+
 CLAIMS: tuple[Claim, ...] = (
     Claim(
         "1",
         "fedhenn-homogeneous",
-        "FedHeNN homogeneous personal > FedRep personal > FedAvg global (2-class shards)",
+        "FedHeNN homogeneous (personal) > each baseline: FedRep (personal), FedAvg and FedProx "
+        "(global), on the clients' local test splits (2-class shards)",
         "FedHeNN Table 2 (CIFAR-10/100, Sent140): homogeneous FedHeNN above FedRep and the "
         "FedAvg/FedProx global models (the table's values are not in the extracted text)",
-        "personal accuracy of FedHeNN and FedRep, FedAvg's global model on the pooled test set; "
-        "the three train their clients alike (FedHeNN's local training)",
+        "every method on the clients' local test splits, averaged over clients (the paper's "
+        "metric: global models evaluated there too); the four train their clients alike "
+        "(FedHeNN's local training)",
         (
             Term("FedHeNN homog.", "shards-fedhenn", ACC_PERSONAL),
             Term("FedRep", "shards-fedrep-fhc", ACC_PERSONAL),
-            Term("FedAvg", "shards-fedavg-fhc", ACC_GLOBAL),
+            Term("FedAvg", "shards-fedavg-fhc", ACC_CLIENTS),
+            Term("FedProx", "shards-fedprox-fhc", ACC_CLIENTS),
         ),
-        ((0, ">", 1), (1, ">", 2)),
+        ((0, ">", 1), (0, ">", 2), (0, ">", 3)),
+        quote=HENN_BETTER,
+        section=HENN_RESULTS,
+    ),
+    Claim(
+        "1b",
+        "fedrep-vs-fedavg",
+        "FedRep (personal) > FedAvg (global), on the clients' local test splits (2-class shards)",
+        "no number of the papers: a relation between two of FedHeNN's baselines",
+        "the two baselines of claim 1, same runs and metric",
+        (
+            Term("FedRep", "shards-fedrep-fhc", ACC_PERSONAL),
+            Term("FedAvg", "shards-fedavg-fhc", ACC_CLIENTS),
+        ),
+        ((0, ">", 1),),
+        section="the project's: two of FedHeNN's baselines compared",
     ),
     Claim(
         "2",
         "fedhenn-heterogeneous",
-        "FedHeNN heterogeneous > isolated local training (η = 0)",
+        "FedHeNN heterogeneous > isolated local training of the same models (η = 0)",
         "FedHeNN Table 2: heterogeneous FedHeNN above the baselines; η = 0 is isolated local "
         "training (§3); gain smaller than homogeneous",
         "personal accuracy, η0 = 0.01 (the default) vs 0 (isolated local training), identical "
@@ -179,6 +257,10 @@ CLAIMS: tuple[Claim, ...] = (
             Term("η0 = 1", "shards-fedhenn-het-eta1", ACC_PERSONAL),
         ),
         ((0, ">", 1),),
+        quote=HENN_BETTER + " For the heterogeneous FedHeNN, the objective function given in "
+        "equation (6) boils down to individual clients training their own local models in "
+        "isolation using only the local data [for η = 0].",
+        section=HENN_RESULTS + "; the method: the case η = 0",
     ),
     Claim(
         "3",
@@ -186,26 +268,36 @@ CLAIMS: tuple[Claim, ...] = (
         "WAFFLe's majority − minority gap < FedAvg's and FedProx's (multimodal split)",
         "WAFFLe Table 2: FedAvg's minority (evens) ≈ 30 points below its majority (odds); "
         "WAFFLe's groups on par",
-        "`eval/group/gap`: majority − minority accuracy (odd/even digits)",
+        "`eval/group/gap`: best − worst client group's mean local test accuracy (odd/even "
+        "digits); WAFFLe's personal models, the baselines' global model",
         (
             Term("WAFFLe gap", "multimodal-waffle", GAP),
             Term("FedAvg gap", "multimodal-fedavg", GAP),
             Term("FedProx gap", "multimodal-fedprox", GAP),
         ),
         ((0, "<", 1), (0, "<", 2)),
+        quote="FedAvg's performance for the “evens” group of clients is almost 30% lower than "
+        "that of the “odds” group. [...] WAFFLe is able to successfully model them, with "
+        "performances on par with the overall population.",
+        section="WAFFLe, Experiments: fairness, multimodal split (Table 2)",
     ),
     Claim(
         "4",
         "waffle-unimodal",
-        "WAFFLe personal > FedAvg global (unimodal 2-class shards)",
+        "WAFFLe (personal) > FedAvg (global) on the clients' local test splits (unimodal "
+        "2-class shards)",
         "WAFFLe Table 1: CIFAR-10 unimodal, WAFFLe ahead of FedAvg/FedProx by 18.8 points",
-        "WAFFLe's personal accuracy vs its dense counterpart, FedAvg's global model, at the same "
-        "budget (WAFFLe's local training)",
+        "WAFFLe's personal accuracy vs its dense counterpart FedAvg's global model, both on the "
+        "clients' local test splits (the paper's \"local test performance\"), at the same budget "
+        "(WAFFLe's local training)",
         (
             Term("WAFFLe", "shards-waffle", ACC_PERSONAL),
-            Term("FedAvg", "shards-fedavg-wfc", ACC_GLOBAL),
+            Term("FedAvg", "shards-fedavg-wfc", ACC_CLIENTS),
         ),
         ((0, ">", 1),),
+        quote="WAFFLe’s local test performance outstripping the other methods by 18.8% and "
+        "20.9% for unimodal and multimodal settings, respectively.",
+        section="WAFFLe, Experiments: results (Table 1)",
     ),
     Claim(
         "5",
@@ -219,6 +311,10 @@ CLAIMS: tuple[Claim, ...] = (
             Term("FedAvg", "mia-fedavg", MIA),
         ),
         ((0, "<=", 1),),
+        quote="MIA success rate on WAFFLe is only moderately higher than random chance (50%). "
+        "This means it is significantly harder to identify the private training data for "
+        "WAFFLe, relative to FedAvg.",
+        section="WAFFLe, Experiments: membership inference (Table 3)",
     ),
     Claim(
         "6",
@@ -226,7 +322,8 @@ CLAIMS: tuple[Claim, ...] = (
         "FRL under 20 % rank reversal loses less accuracy than FedAvg + trimmed mean under "
         "20 % AGR-tailored (each against its clean run)",
         "FRL §7 / Table 1, FEMNIST 20 %: trimmed mean 85.8 → 56.2 %, FRL → 65.8 %",
-        "accuracy drop = clean − attacked, paired by seed",
+        "accuracy drop of the global model on the pooled test set = clean − attacked, paired "
+        "by seed, mean over the last 10 evaluated rounds (the final round beside it)",
         (
             Term("FRL drop", "frl-rr20", ACC_GLOBAL, clean="frl-clean"),
             Term(
@@ -234,6 +331,8 @@ CLAIMS: tuple[Claim, ...] = (
             ),
         ),
         ((0, "<", 1),),
+        quote=FRL_TABLE1,
+        section="FRL, Experiments: robustness (Table 1)",
     ),
     Claim(
         "7",
@@ -249,19 +348,25 @@ CLAIMS: tuple[Claim, ...] = (
             Term("SignSGD", "signsgd-clean", UP_BITS, unit="bits"),
         ),
         ((0, "<", 1), (0, ">", 2)),
+        quote="In FRL, both clients and server communicate just the edge ranks instead of weight "
+        "parameters. Thus, FRL reduces both upload and download communication cost. [FRL > "
+        "SignSGD: Table 2's figures, no sentence]",
+        section="FRL, Experiments: communication cost (Table 2)",
     ),
     Claim(
         "8",
         "signsgd-vs-frl",
         "SignSGD under 20 % sign flip loses more accuracy than FRL under 20 % rank reversal",
-        "FRL Table 1: SignSGD under Bernstein et al.'s attack vs FRL under rank reversal; FRL the "
-        "more robust",
-        "accuracy drop = clean − attacked, paired by seed",
+        "FRL Table 1 lists SignSGD under Bernstein et al.'s attack beside FRL under rank "
+        "reversal; no sentence compares them",
+        "accuracy drop of the global model on the pooled test set = clean − attacked, paired "
+        "by seed, mean over the last 10 evaluated rounds (the final round beside it)",
         (
             Term("SignSGD drop", "signsgd-flip20", ACC_GLOBAL, clean="signsgd-clean"),
             Term("FRL drop", "frl-rr20", ACC_GLOBAL, clean="frl-clean"),
         ),
         ((0, ">", 1),),
+        section="the project's: a relation of FRL Table 1's figures, stated by no sentence",
     ),
     Claim(
         "9",
@@ -279,6 +384,7 @@ CLAIMS: tuple[Claim, ...] = (
             Term("η0 = 1", "shards-fedhenn-eta1", ACC_PERSONAL),
         ),
         ((0, ">", 1),),
+        section="the project's: an ablation of FedHeNN's η (the method: η = 0 is FedAvg)",
     ),
     Claim(
         "10",
@@ -287,8 +393,9 @@ CLAIMS: tuple[Claim, ...] = (
         "the trimmed mean of the scores under 20 % AGR-tailored",
         "FRL §5–7: the vote bounds what each client can move (a ranking is a permutation), which "
         "FRL credits for its robustness; the ablation keeps FRL's network and client training",
-        "accuracy drop = clean − attacked, paired by seed; `supermask_fedavg` trains FRL's "
-        "network as FRL does and averages (trims) the scores instead of voting",
+        "accuracy drop = clean − attacked, paired by seed, mean over the last 10 evaluated "
+        "rounds; `supermask_fedavg` trains FRL's network as FRL does and averages (trims) the "
+        "scores instead of voting",
         (
             Term("FRL (vote) drop", "frl-rr20", ACC_GLOBAL, clean="frl-clean"),
             Term(
@@ -301,6 +408,7 @@ CLAIMS: tuple[Claim, ...] = (
             Term("scores, trimmed mean clean", "smavg-trmean-clean", ACC_GLOBAL),
         ),
         ((0, "<", 1),),
+        section="the project's: an ablation of FRL's vote on its own supermask",
     ),
 )
 

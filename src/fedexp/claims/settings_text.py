@@ -154,36 +154,72 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def describe(ids: Sequence[str], configs: Mapping[str, Mapping[str, Any]]) -> str:
-    """`shared: k=v, ...; differs: k (id1 v1 / id2 v2), ...` over the settings `ids`."""
+def common_values(configs: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The essentials (`ESSENTIALS`) every one of `configs` has with one value: a tier's
+    common settings, shown once above its table."""
+    missing = object()
+    ids = list(configs)
+    if not ids:
+        return {}
+    first = configs[ids[0]]
+    return {
+        key: first[key]
+        for key in ESSENTIALS
+        if key in first and all(configs[s].get(key, missing) == first[key] for s in ids)
+    }
+
+
+def common_text(common: Mapping[str, Any]) -> str:
+    return ", ".join(f"{key}={_fmt(value)}" for key, value in common.items())
+
+
+def describe(
+    ids: Sequence[str],
+    configs: Mapping[str, Mapping[str, Any]],
+    common: Mapping[str, Any] | None = None,
+) -> str:
+    """`shared: k=v, ...; differs: k (id1 v1 / id2 v2), ...` over the settings `ids`.
+
+    `shared` leaves out what `common` (the tier's common settings, shown once) already says;
+    `differs` names every key whose value differs between the sides, except a method's own
+    options where the sides run different methods (a key under `algorithm.` that one side does
+    not have: the `algorithm` choice, in the list, explains it)."""
     first = configs[ids[0]]
     missing = object()
+    common = common or {}
     same = [
         f"{key}={_fmt(first[key])}"
         for key in ESSENTIALS
-        if key in first and all(configs[s].get(key, missing) == first[key] for s in ids)
+        if key in first
+        and all(configs[s].get(key, missing) == first[key] for s in ids)
+        and common.get(key, missing) != first[key]
     ]
     keys = sorted({k for s in ids for k in configs[s]})
     differs = []
     for key in keys:
         values = [configs[s].get(key, missing) for s in ids]
-        if any(v != values[0] for v in values):
-            named = " / ".join(
-                f"{sid} {'—' if v is missing else _fmt(v)}" for sid, v in zip(ids, values)
-            )
-            differs.append(f"{key} ({named})")
-    text = "shared: " + ", ".join(same)
+        if not any(v != values[0] for v in values):
+            continue
+        if key.startswith("algorithm.") and any(v is missing for v in values):
+            continue  # an option of one method only
+        named = " / ".join(
+            f"{sid} {'—' if v is missing else _fmt(v)}" for sid, v in zip(ids, values)
+        )
+        differs.append(f"{key} ({named})")
+    parts = [f"shared beyond the tier's common settings: {', '.join(same)}"] if same else []
     if len(ids) > 1:
-        text += "; differs: " + ("; ".join(differs) if differs else "nothing")
-    return text
+        parts.append("differs: " + ("; ".join(differs) if differs else "nothing"))
+    return "; ".join(parts) or "the tier's common settings"
 
 
 def claim_setting_text(
     claim: Claim,
     settings: Mapping[str, Setting],
     summaries: Mapping[str, Mapping[int, RunSummary]] | None = None,
+    common: Mapping[str, Any] | None = None,
 ) -> str:
-    """The claim's note (what is measured) and its settings as composed."""
+    """The claim's note (what is measured) and its settings as composed, less the tier's
+    `common` settings."""
     ids = settings_of(claim)
-    text = describe(ids, setting_configs(ids, settings, summaries))
+    text = describe(ids, setting_configs(ids, settings, summaries), common)
     return f"{claim.note}. {text}" if claim.note else text

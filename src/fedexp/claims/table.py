@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from fedexp.claims.catalogue import Claim
-from fedexp.claims.verdict import Measured, Verdict
+from fedexp.claims.verdict import Measured, Verdict, sample_std
 
 BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
 
@@ -18,10 +18,16 @@ def fmt_value(value: float, unit: str) -> str:
 
 
 def fmt_measured(m: Measured, unit: str) -> str:
-    """`label mean ± std`, or `label n/a (why)`."""
+    """`label mean ± std` (a drop: with its final round's `(final round mean ± std)`), or
+    `label n/a (why)`."""
     if m.missing:
         return f"{m.label} n/a ({m.missing})"
-    return f"{m.label} {fmt_value(m.mean, unit)} ± {fmt_value(m.std, unit)}"
+    text = f"{m.label} {fmt_value(m.mean, unit)} ± {fmt_value(m.std, unit)}"
+    if m.final:
+        finals = list(m.final.values())
+        mean = sum(finals) / len(finals)
+        text += f" (final round {fmt_value(mean, unit)} ± {fmt_value(sample_std(finals), unit)})"
+    return text
 
 
 def _cell(text: str) -> str:
@@ -41,22 +47,49 @@ def measured_text(claim: Claim, measured: list[Measured]) -> str:
     return values
 
 
-def holds_text(verdict: Verdict) -> str:
-    """`yes`, `yes (within seed spread)`, `no: not A > B`, or `n/a (...)`."""
-    holds = verdict.text()
-    if verdict.failed:
-        holds += ": not " + ", not ".join(verdict.failed)
-    return holds.replace("<=", "≤").replace(">=", "≥")
+def holds_text(verdict: Verdict, unit: str = "acc") -> str:
+    """`yes`, `no` or `inconclusive`, with each relation's paired difference and its 95 %
+    interval (`yes: A > B: Δ +0.052 [+0.031, +0.073]`); `n/a` when a term has no value."""
+    text = verdict.text()
+    if verdict.intervals:
+        scale, digits = (1e-6, 2) if unit == "bits" else (1.0, 3)
+        text += ": " + "; ".join(i.text(scale, digits) for i in verdict.intervals)
+    return text.replace("<=", "≤").replace(">=", "≥")
 
 
 def row(claim: Claim, measured: list[Measured], verdict: Verdict, setting: str = "") -> str:
-    """One markdown table row: claim | paper's figure | setting here | measured | holds?
+    """One markdown table row: claim | paper's figure | setting here | metric of each side |
+    measured | verdict with the paired intervals.
 
     `setting`: the generated settings text (`settings_text.claim_setting_text`); the claim's
     note alone when empty."""
-    values, holds = measured_text(claim, measured), holds_text(verdict)
-    cells = [f"{claim.id}. {claim.text}", claim.paper, setting or claim.note, values, holds]
+    values = measured_text(claim, measured)
+    holds = holds_text(verdict, claim.terms[0].unit)
+    cells = [claim_cell(claim), claim.paper, setting or claim.note, metrics_text(claim, measured)]
+    cells += [values, holds]
     return "| " + " | ".join(_cell(c) for c in cells) + " |"
+
+
+def claim_cell(claim: Claim) -> str:
+    """The claim as checked, with the paper's sentence and its section (or `the project's`)."""
+    text = f"{claim.id}. {claim.text}"
+    if claim.quote:
+        return f"{text} — “{claim.quote}” ({claim.section})"
+    return f"{text} — the project's claim, no sentence of the paper ({claim.section})"
+
+
+def metrics_text(claim: Claim, measured: list[Measured]) -> str:
+    """Each compared side's metric: `FedHeNN: eval/personal/acc_mean; FedAvg: ...`."""
+    compared = sorted({k for i, _, j in claim.relations for k in (i, j)})
+    parts = []
+    for k in compared:
+        term, m = claim.terms[k], measured[k]
+        key = m.key or term.keys[0]
+        what = f"{term.label}: `{key}`"
+        if term.clean:
+            what += f" drop ({term.window})"
+        parts.append(what)
+    return "; ".join(parts)
 
 
 def markdown(rows: list[str], header: str, footer: str) -> str:
@@ -64,9 +97,9 @@ def markdown(rows: list[str], header: str, footer: str) -> str:
     lines = [
         header,
         "",
-        "| claim | paper's figure | setting here | measured (mean ± std over seeds) | holds in "
-        "direction? |",
-        "| --- | --- | --- | --- | --- |",
+        "| claim (the paper's sentence) | paper's figure | setting here | metric of each side | "
+        "measured (mean ± std over seeds) | verdict: paired Δ over seeds [95 % t interval] |",
+        "| --- | --- | --- | --- | --- | --- |",
         *rows,
         "",
         footer,
@@ -117,9 +150,21 @@ def claim_json(claim: Claim, measured: list[Measured], verdict: Verdict, setting
             f"{claim.terms[i].label} {op} {claim.terms[j].label}" for i, op, j in claim.relations
         ],
         "holds": verdict.holds,
-        "clear": verdict.clear,
+        "intervals": [
+            {
+                "relation": i.relation,
+                "n": i.n,
+                "mean": i.mean,
+                "low": i.low,
+                "high": i.high,
+                "verdict": i.verdict,
+            }
+            for i in verdict.intervals
+        ],  # fmt: skip
+        "quote": claim.quote,
+        "section": claim.section,
         "measured_text": measured_text(claim, measured),
-        "holds_text": holds_text(verdict),
+        "holds_text": holds_text(verdict, claim.terms[0].unit),
         "verdict": verdict.text(),
         "failed_relations": verdict.failed,
     }

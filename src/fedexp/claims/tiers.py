@@ -7,7 +7,7 @@ from fedexp.claims import catalogue, paper_tier
 from fedexp.claims.catalogue import Claim, Setting
 
 TIERS = ("small", "paper")
-DEFAULT_SEEDS = {"small": 3, "paper": 2}
+DEFAULT_SEEDS = {"small": 5, "paper": 3}
 
 
 def tier(name: str) -> tuple[list[Claim], dict[str, Setting]]:
@@ -15,4 +15,5 @@ def tier(name: str) -> tuple[list[Claim], dict[str, Setting]]:
     if name == "small":
         return list(catalogue.CLAIMS), catalogue.SETTINGS
     claims = [c for c in map(paper_tier.tier_claim, catalogue.CLAIMS) if c is not None]
+    claims += list(paper_tier.EXTRA)
     return claims, paper_tier.SETTINGS

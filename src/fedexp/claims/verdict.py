@@ -12,13 +12,6 @@ from dataclasses import dataclass, field
 from fedexp.claims.catalogue import Claim, Term
 from fedexp.core.summary import RunSummary
 
-OPS = {
-    ">": lambda a, b: a > b,
-    "<": lambda a, b: a < b,
-    ">=": lambda a, b: a >= b,
-    "<=": lambda a, b: a <= b,
-}
-
 
 @dataclass
 class Measured:
@@ -28,6 +21,7 @@ class Measured:
     key: str | None
     values: dict[int, float] = field(default_factory=dict)
     missing: str | None = None  # why there is no value (a failed run, a metric not reported)
+    final: dict[int, float] = field(default_factory=dict)  # a drop at the final round
 
     @property
     def mean(self) -> float:
@@ -64,11 +58,34 @@ def collapse_value(run: RunSummary, key: str) -> float | None:
     return 1.0 / float(classes) if classes else None
 
 
+Tails = dict[str, dict[int, dict[str, float]]]  # setting -> seed -> metric -> last-10 mean
+TAIL = 10  # evaluated rounds a drop is averaged over
+
+
+def tail_means(rows: list[dict], keys: tuple[str, ...], n: int = TAIL) -> dict[str, float]:
+    """Each of `keys`' mean over the last `n` rows (evaluated rounds) that report it finite."""
+    out = {}
+    for key in keys:
+        values = [
+            float(r[key])
+            for r in rows
+            if isinstance(r.get(key), int | float) and math.isfinite(float(r[key]))
+        ]
+        if values:
+            out[key] = sum(values[-n:]) / len(values[-n:])
+    return out
+
+
 def measure(
-    term: Term, summaries: dict[str, dict[int, RunSummary]], seeds: list[int] | None = None
+    term: Term,
+    summaries: dict[str, dict[int, RunSummary]],
+    seeds: list[int] | None = None,
+    tails: Tails | None = None,
 ) -> Measured:
     """A term's per-seed values over all of `seeds` (default: every seed any of its settings
-    ran); a drop term pairs the clean and attacked runs by seed.
+    ran); a drop term pairs the clean and attacked runs by seed, over its `window`: the mean
+    of the last 10 evaluated rounds (`tails`, from each run's metrics.jsonl; the final round
+    where a run has none) or the final round. A drop's final-round values are kept beside.
 
     Never a subset: a seed whose run of any of the term's settings failed, diverged or did not
     finish makes the term n/a, naming the runs, because the runs that fail are the ones an
@@ -89,16 +106,19 @@ def measure(
     key = pick_key(term.keys, completed) if completed else term.keys[0]
     if key is None:
         return Measured(term.label, None, missing=f"{' / '.join(term.keys)} not reported")
-    problems, values = [], {}
+    problems, values, finals = [], {}, {}
     for seed in seeds:
-        got = {}
+        got, last = {}, {}
         for sid in settings:
             run = summaries.get(sid, {}).get(seed)
             status = "failed" if run is None else run.status
             if status == "completed":
-                got[sid] = float(run.metrics[key])
+                last[sid] = float(run.metrics[key])
+                tail = (tails or {}).get(sid, {}).get(seed, {}).get(key)
+                use_tail = term.window == "last 10" and tail is not None
+                got[sid] = tail if use_tail else last[sid]
             elif status == "diverged" and term.clean and sid == term.setting:
-                got[sid] = collapse_value(run, key)
+                got[sid] = last[sid] = collapse_value(run, key)
                 if got[sid] is None:
                     problems.append(f"{sid} seed {seed} diverged before any evaluation")
             else:
@@ -106,49 +126,112 @@ def measure(
         if len(got) == len(settings) and None not in got.values():
             value = got[term.setting]
             values[seed] = got[term.clean] - value if term.clean else value
+            if term.clean:
+                finals[seed] = last[term.clean] - last[term.setting]
     if problems:
         return Measured(term.label, None, missing="runs not completed: " + ", ".join(problems))
-    return Measured(term.label, key, values)
+    return Measured(term.label, key, values, final=finals)
+
+
+CONFIDENCE = 0.95  # the paired interval's level
+
+
+@dataclass
+class Interval:
+    """A relation `a op b` measured as the paired per-seed differences d = a − b (same seed:
+    same partition and sampling): their mean, and its two-sided 95 % t interval (n − 1 degrees
+    of freedom; infinite with one seed; zero width when every seed gives the same d)."""
+
+    relation: str
+    op: str
+    n: int
+    mean: float
+    low: float
+    high: float
+
+    @property
+    def verdict(self) -> str:
+        """yes: the interval excludes 0 in the claimed direction; no: in the other direction;
+        inconclusive otherwise."""
+        up = self.op in (">", ">=")
+        if (self.low > 0) if up else (self.high < 0):
+            return "yes"
+        if (self.high < 0) if up else (self.low > 0):
+            return "no"
+        return "inconclusive"
+
+    def text(self, scale: float = 1.0, digits: int = 3) -> str:
+        def f(v: float) -> str:
+            return f"{v * scale:+.{digits}f}" if math.isfinite(v) else ("+∞" if v > 0 else "−∞")
+
+        return f"{self.relation}: Δ {f(self.mean)} [{f(self.low)}, {f(self.high)}]"
+
+
+def paired_interval(a: Measured, b: Measured, op: str) -> Interval:
+    """`a op b` over the seeds both have, as paired differences (`Interval`)."""
+    from scipy.stats import t
+
+    seeds = sorted(set(a.values) & set(b.values))
+    diffs = [a.values[s] - b.values[s] for s in seeds]
+    relation = f"{a.label} {op} {b.label}"
+    n = len(diffs)
+    if n == 0:
+        return Interval(relation, op, 0, math.nan, -math.inf, math.inf)
+    mean = sum(diffs) / n
+    if n == 1:
+        return Interval(relation, op, 1, mean, -math.inf, math.inf)
+    half = float(t.ppf(0.5 + CONFIDENCE / 2, n - 1)) * sample_std(diffs) / math.sqrt(n)
+    return Interval(relation, op, n, mean, mean - half, mean + half)
 
 
 @dataclass
 class Verdict:
-    """`holds`: every relation holds on the means (None: something is missing).
+    """A claim's verdict from its relations' paired intervals: `yes` when every relation's
+    interval excludes 0 in the claimed direction, `no` when one excludes it the other way,
+    `inconclusive` otherwise, `n/a` when a term has no value (`holds` None).
 
-    `clear`: every relation's difference of means exceeds the larger of the two stds (a
-    difference smaller than the seed-to-seed spread is a direction, not a finding).
-    """
+    `holds`: True for yes, False for no, None for n/a and inconclusive alike (`text` tells
+    them apart)."""
 
-    holds: bool | None
-    clear: bool
-    failed: list[str]
+    intervals: list[Interval]
+    missing: bool = False
+
+    @property
+    def verdicts(self) -> list[str]:
+        return [i.verdict for i in self.intervals]
 
     def text(self) -> str:
-        if self.holds is None:
+        if self.missing:
             return "n/a"
-        if not self.holds:
+        if any(v == "no" for v in self.verdicts):
             return "no"
-        return "yes" if self.clear else "yes (within seed spread)"
+        if self.verdicts and all(v == "yes" for v in self.verdicts):
+            return "yes"
+        return "inconclusive"
+
+    @property
+    def holds(self) -> bool | None:
+        return {"yes": True, "no": False}.get(self.text())
+
+    @property
+    def failed(self) -> list[str]:
+        """The relations whose interval excludes 0 against the claim."""
+        return [i.relation for i in self.intervals if i.verdict == "no"]
 
 
 def judge(measured: list[Measured], relations: tuple[tuple[int, str, int], ...]) -> Verdict:
-    """Check each (i, op, j): measured[i].mean op measured[j].mean."""
+    """Each (i, op, j) as the paired interval of measured[i] − measured[j]."""
     if any(m.missing for m in measured):
-        return Verdict(None, False, [])
-    holds, clear, failed = True, True, []
-    for i, op, j in relations:
-        a, b = measured[i], measured[j]
-        if not OPS[op](a.mean, b.mean):
-            holds = False
-            failed.append(f"{a.label} {op} {b.label}")
-        if abs(a.mean - b.mean) <= max(a.std, b.std):
-            clear = False
-    return Verdict(holds, clear, failed)
+        return Verdict([], missing=True)
+    return Verdict([paired_interval(measured[i], measured[j], op) for i, op, j in relations])
 
 
 def evaluate(
-    claim: Claim, summaries: dict[str, dict[int, RunSummary]], seeds: list[int] | None = None
+    claim: Claim,
+    summaries: dict[str, dict[int, RunSummary]],
+    seeds: list[int] | None = None,
+    tails: Tails | None = None,
 ) -> tuple[list[Measured], Verdict]:
     """Measure every term of a claim over `seeds` and judge its relations."""
-    measured = [measure(term, summaries, seeds) for term in claim.terms]
+    measured = [measure(term, summaries, seeds, tails) for term in claim.terms]
     return measured, judge(measured, claim.relations)
