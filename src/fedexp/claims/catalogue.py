@@ -140,9 +140,10 @@ MIA_BASE = (
     "client.lr=0.02",
     "privacy.num_targets=4",
 )
-FRL = ("experiment=frl_digits",)
+# evaluated every round: an attack's drop is the mean of the last 10 evaluations (rounds 31-40)
+FRL = ("experiment=frl_digits", "eval_every=1")
 # docs/robustness.md's FedAvg-family baselines on the frl_digits setting
-DENSE = ("experiment=frl_digits", "client.lr=0.05", "client.momentum=0")
+DENSE = ("experiment=frl_digits", "eval_every=1", "client.lr=0.05", "client.momentum=0")
 ATTACK20 = ("attack.fraction=0.2",)
 
 HET = ("algorithm=fedhenn", "algorithm.variant=heterogeneous", "model=cnn_family")

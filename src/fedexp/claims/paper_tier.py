@@ -30,7 +30,9 @@ MNIST1D = ("dataset=mnist1d", "model=mlp")
 ATTACK20 = ("attack=frl_paper", "attack.fraction=0.2")
 
 # FRL: frl_mnist_dir1 (the paper's MNIST protocol) on MNIST-1D; 48 samples a client
-FRL = ("experiment=frl_mnist_dir1", *MNIST1D, "~model.bias", "rounds=150", "eval_every=50")
+# evaluated every 5 rounds: an attack's drop is the mean of the last 10 evaluations (rounds
+# 105-150)
+FRL = ("experiment=frl_mnist_dir1", *MNIST1D, "~model.bias", "rounds=150", "eval_every=5")
 # WAFFLe's multimodal split: 100 : 20 clients of 2 classes, 78 samples each (20 000 generated),
 # the paper's T = 100 rounds
 WAFFLE = (
