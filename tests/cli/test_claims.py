@@ -394,3 +394,18 @@ def test_runner_resumes_an_interrupted_setting_and_sets_stale_runs_aside(tmp_pat
     fourth = runner_mod.Runner(tmp_path, [0, 1, 2], {"s": "1"}).run_all([changed])["s"]
     assert not any(fourth.runs[k].reused for k in (0, 1, 2)) and fourth.error is None
     assert len(list((tmp_path / "runs").glob("s.stale-*"))) == 1
+
+
+def test_what_the_protocol_tier_changes_is_read_from_the_composed_configs():
+    from fedexp.claims.paper_tier import SETTINGS as PAPER
+    from fedexp.claims.protocol_diff import differences, differences_markdown
+
+    rows = {key: (paper, here) for key, paper, here in differences(PAPER["shards-fedhenn"])}
+    # the tier's departures and what they change through the presets' dataset-keyed values
+    assert rows["rounds"] == ("200", "30") and rows["dataset"] == ("cifar10", "mnist1d")
+    assert rows["algorithm.eta0"] == ("0.001", "0.01")  # the paper's CIFAR η0 is not kept
+    assert rows["algorithm.rad_size"] == ("5000", "200")
+    assert not [k for k in rows if k.endswith("data_dir")]  # no machine paths
+    text = differences_markdown([PAPER["frl-clean"]], {"frl-clean": "6"})
+    assert "| frl-clean (6) | `rounds` | 2000 | 150 |" in text
+    assert "lr·0.999 each round" in text  # what no config key holds, listed by hand

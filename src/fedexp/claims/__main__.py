@@ -13,6 +13,7 @@ from datetime import datetime
 from pathlib import Path
 
 from fedexp.claims.catalogue import Claim, Setting, settings_of
+from fedexp.claims.protocol_diff import differences_markdown
 from fedexp.claims.runner import Runner, SettingResult
 from fedexp.claims.settings_text import (
     check_composes,
@@ -342,6 +343,12 @@ def check(argv, args, claims, known, users, out: Path) -> int:
     head = header(argv, args, seeds, results, wall)
     head += f"\n\nEvery setting of this table has: {common_text(common)}."
     text = markdown(rows, head, timing_line(results))
+    if args.tier == "paper":
+        text += (
+            "\nWhat differs from the papers' protocols, every key whose composed value differs "
+            "between a setting and its paper preset (generated from the configs):\n\n"
+            + differences_markdown(settings, labels)
+        )
     (out / "claims.md").write_text(text)
     record = {
         "command": ["python", "-m", "fedexp.claims", *argv],
