@@ -268,6 +268,15 @@ def _execute(
             file=sys.stderr,
         )
         sys.exit(128 + signal.Signals[summary.stop_signal].value)
+    late = callbacks.checkpointer.signals.requested  # came in the last round or after it
+    if multirun and late is not None:  # the job ended; the sweep stops here
+        print(
+            f"fedexp: {signal.Signals(late).name}: the sweep stops after this job "
+            f"({summary.status}); run the jobs not run yet with the sweep command "
+            "restricted to them",
+            file=sys.stderr,
+        )
+        sys.exit(128 + late)
     if summary.status == "diverged":
         print(f"fedexp: run diverged at round {summary.diverged_round}", file=sys.stderr)
         if not multirun:

@@ -36,6 +36,24 @@ from fedexp.runtime.final_model import MODEL_FILE, load_attrs
 SPLITS = ("test", "val")
 OVERRIDABLE = ("split", "dataset", "device", "threads")
 EXIT_CONFIG = 2
+USAGE = (
+    "usage: python -m fedexp.evaluate <run dir> [split=test|val] [dataset=<name>] "
+    "[dataset.<key>=<value>] [device=auto|cpu|cuda] [threads=<n>]"
+)
+HELP = f"""{USAGE}
+
+Evaluate the final models a run saved (model.pt, personal_models/) as the run evaluates them,
+on the data of its .hydra/config.yaml: the same metrics as the run's final evaluation. Prints a
+table and writes <run dir>/evaluate/<split>.json.
+
+  <run dir>               a run dir with model.pt (every run writes it when it ends)
+  split=test|val          the split evaluated (default test; val where the run has one)
+  dataset=<name>          another dataset of conf/dataset/ that fits the model
+  dataset.<key>=<value>   one option of the data changed (written as <split>-<tag>.json)
+  device=..., threads=... where and with how many CPU threads it runs
+
+Bad input: one line on stderr, exit code 2. Details: docs/lifecycle.md ("The final model").
+"""
 
 
 def load_saved(run_dir: Path) -> dict:
@@ -137,9 +155,7 @@ def parse_args(args: list[str]) -> tuple[Path, str, list[str]]:
         else:
             raise ConfigError(f"{key}: only {', '.join(f'{k}=' for k in OVERRIDABLE)} may be given")
     if run_dir is None:
-        raise ConfigError(
-            "usage: python -m fedexp.evaluate <run dir> [split=test|val] [dataset=...]"
-        )
+        raise ConfigError(USAGE)
     return run_dir, split, overrides
 
 
@@ -241,8 +257,12 @@ def print_report(report: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if any(arg in ("-h", "--help") for arg in args):
+        print(HELP, end="")
+        return
     try:
-        run_dir, split, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+        run_dir, split, overrides = parse_args(args)
         _, report = evaluate_run(run_dir, split, overrides)
     except (ConfigError, OSError) as err:
         print(f"fedexp.evaluate: error: {err}", file=sys.stderr)

@@ -76,6 +76,6 @@ def test_off_a_terminal_a_run_prints_progress_lines_and_logs_every_round(cli_in_
 
 def test_progress_false_keeps_the_lines_in_the_log_only(cli_in_process):
     tmp_path = cli_in_process.cwd
-    proc = cli_in_process(*SMOKE, "hydra.run.dir=run")  # debug=smoke: progress=false
-    assert "round 2/2" not in proc.stdout
+    proc = cli_in_process(*SMOKE, "progress=false", "hydra.run.dir=run")
+    assert "round 2/2" not in proc.stdout and "completed after" not in proc.stdout
     assert "round 2/2  train/loss " in (tmp_path / "run" / "__main__.log").read_text()

@@ -1,7 +1,11 @@
-"""The partition cache: keyed by the labels, corrupt files recomputed, concurrent writes safe."""
+"""The partition cache: keyed by the labels, corrupt files (or a directory in a file's place)
+recomputed, a cache that cannot be written skipped, concurrent writes safe."""
 
 from __future__ import annotations
 
+import errno
+import logging
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -10,6 +14,7 @@ import pytest
 
 import fedexp.data.partition as partition_module
 from components import partition_dataset
+from fedexp.data import cache_files
 from fedexp.data.partition import Partition
 from fedexp.data.partition_cache import load as _load
 from fedexp.data.partition_cache import save as _save
@@ -98,7 +103,52 @@ def test_a_corrupt_cache_file_is_recomputed_and_rewritten(tmp_path, corrupt):
     assert reloaded is not None and same(reloaded, fresh)
 
 
-def test_concurrent_writers_of_one_key_leave_one_valid_file(tmp_path):
+def test_a_directory_in_place_of_a_cache_file_is_recomputed_and_replaced(tmp_path, caplog):
+    fresh = split(LABELS, None)
+    split(LABELS, tmp_path)
+    (path,) = cached_files(tmp_path)
+    path.unlink()
+    path.mkdir()
+    (path / "left-over").write_text("x")
+    with caplog.at_level(logging.WARNING, logger="fedexp.data.partition_cache"):
+        assert same(split(LABELS, tmp_path), fresh)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"partition cache {path}: not a file; recomputing it"
+    ]
+    assert cached_files(tmp_path) == [path] and path.is_file()  # no temporary file left
+    reloaded = _load(path, 10, len(LABELS))
+    assert reloaded is not None and same(reloaded, fresh)
+
+
+def test_a_cache_that_cannot_be_written_is_logged_and_the_partition_returned(
+    tmp_path, monkeypatch, caplog
+):
+    def full_disk(f, **arrays):
+        f.write(b"PK")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    fresh = split(LABELS, None)
+    monkeypatch.setattr(cache_files.np, "savez", full_disk)
+    with caplog.at_level(logging.WARNING, logger="fedexp.data.partition_cache"):
+        assert same(split(LABELS, tmp_path), fresh)
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert message.startswith(f"partition cache {tmp_path / 'partitions'}/")
+    assert message.endswith(".npz cannot be written (No space left on device); not cached")
+    assert cached_files(tmp_path) == []  # no temporary file left
+
+
+def test_a_cache_file_replaced_by_a_directory_does_not_stop_a_run(cli_in_process):
+    cli_in_process("debug=smoke", "hydra.run.dir=first")
+    (path,) = sorted((cli_in_process.cwd / "cache" / "partitions").iterdir())
+    path.unlink()
+    path.mkdir()
+    proc = cli_in_process("debug=smoke", "hydra.run.dir=second", check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "tmp" not in proc.stderr and path.is_file()
+    assert (cli_in_process.cwd / "second" / "summary.json").is_file()
+
+
+def test_concurrent_writers_of_one_key_leave_one_valid_file(tmp_path, caplog):
     path = tmp_path / "partitions" / "key.npz"
     partition = split(LABELS, None)
     start = threading.Barrier(10)
@@ -108,8 +158,10 @@ def test_concurrent_writers_of_one_key_leave_one_valid_file(tmp_path):
             start.wait()
         _save(path, partition)
 
-    with ThreadPoolExecutor(max_workers=10) as pool:
-        list(pool.map(write, range(50)))  # raises if any write failed
+    logged = caplog.at_level(logging.WARNING, logger="fedexp.data.partition_cache")
+    with logged, ThreadPoolExecutor(max_workers=10) as pool:
+        list(pool.map(write, range(50)))
+    assert not caplog.records  # no write failed (a failed one is logged, not raised)
     assert cached_files(tmp_path) == [path]  # no temporary file left behind
     loaded = _load(path, 10, len(LABELS))
     assert loaded is not None and same(loaded, partition)

@@ -4,15 +4,17 @@ atomically with a checksum of their content, verified when read.
 `write` saves the arrays and a sha256 of the file's name and every array (name, dtype, shape,
 bytes) into a temporary file unique to its writer (pid and a random suffix, in the target's
 folder), then publishes it with `os.replace`: any number of writers of one file may run at once,
-and a reader sees a whole file or none. `read` returns the arrays only when that checksum
-matches, so a file of the right shapes but other contents (damaged, edited, or copied from
-another key) is reported as a miss with its reason, for the caller to log and recompute.
+and a reader sees a whole file or none; a directory in the file's place (damage) is replaced.
+`read` returns the arrays only when that checksum matches, so a file of the right shapes but
+other contents (damaged, edited, or copied from another key), or a directory, is reported as a
+miss with its reason, for the caller to log and recompute.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import tempfile
 import zipfile
 from pathlib import Path
@@ -42,9 +44,13 @@ def write(path: Path, arrays: dict[str, np.ndarray]) -> None:
         with os.fdopen(fd, "wb") as f:
             np.savez(f, **arrays, **{CHECKSUM: np.array(checksum(arrays, path.name))})
         os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide a shared folder's file from others
+        if path.is_dir() and not path.is_symlink():  # damage in the file's place: replaced
+            shutil.rmtree(path, ignore_errors=True)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, OSError):  # name the cache file, not the temporary one
+            err.filename, err.filename2 = str(path), None
         raise
 
 
@@ -55,6 +61,8 @@ def read(path: Path) -> tuple[dict[str, np.ndarray] | None, str | None]:
     """
     if not path.exists():
         return None, None
+    if not path.is_file():
+        return None, "not a file"
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}

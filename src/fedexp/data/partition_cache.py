@@ -1,5 +1,6 @@
 """The on-disk cache of partitions: atomic writes with a checksum of the content (see
-`cache_files`), and reads that treat a damaged, edited or inconsistent file as a miss (logged)."""
+`cache_files`), and reads that treat a damaged, edited or inconsistent file (or a directory in
+its place) as a miss (logged); the partition is then computed and the file written again."""
 
 from __future__ import annotations
 
@@ -34,7 +35,9 @@ def digest(values: np.ndarray) -> str:
 
 
 def save(path: Path, partition: Partition) -> None:
-    """Write atomically, with a checksum (`cache_files.write`).
+    """Write atomically, with a checksum (`cache_files.write`); a cache that cannot be written
+    (a full disk, a folder without write permission) is logged and skipped: the partition is
+    computed, the run goes on uncached.
 
     Concurrent writers of one key each write their own temporary file; the last replace wins
     and every reader sees a complete file.
@@ -46,7 +49,10 @@ def save(path: Path, partition: Partition) -> None:
         arrays["groups"] = np.array(partition.groups)
     if partition.val is not None:
         arrays["val"], arrays["val_off"] = _pack(partition.val)
-    cache_files.write(path, arrays)
+    try:
+        cache_files.write(path, arrays)
+    except OSError as err:
+        log.warning("partition cache %s cannot be written (%s); not cached", path, err.strerror)
 
 
 def load(path: Path, num_clients: int, n: int) -> Partition | None:

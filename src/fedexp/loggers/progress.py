@@ -62,11 +62,21 @@ class ProgressLines(Callback):
         echo: also print the line to stdout (when no progress bar is shown there).
         every_s: a round ending this many seconds or more after the previous line gets a line
             (`progress_every_s`; 0: every round); None: evaluated rounds and the last only.
+        echo_end: also print the completion line (`completed after 50 rounds (3m07s); ...`)
+            to stdout; None: as `echo`. A run with a progress bar prints it once the bar is
+            gone (the bar is transient and leaves nothing behind).
     """
 
-    def __init__(self, objective: str, echo: bool = True, every_s: float | None = None):
+    def __init__(
+        self,
+        objective: str,
+        echo: bool = True,
+        every_s: float | None = None,
+        echo_end: bool | None = None,
+    ):
         self.objective = objective
         self.echo = echo
+        self.echo_end = echo if echo_end is None else echo_end
         self.every_s = every_s
         self.prefix = ""
         self.first_round = 1
@@ -102,13 +112,14 @@ class ProgressLines(Callback):
         wall = f" ({duration(summary.timing.wall_time_s)})" if summary.timing else ""
         self._emit(
             f"{summary.status} after {summary.rounds_completed} rounds{wall}; "
-            f"{self.objective} {shown}"
+            f"{self.objective} {shown}",
+            echo=self.echo_end,
         )
 
-    def _emit(self, line: str) -> None:
+    def _emit(self, line: str, echo: bool | None = None) -> None:
         line = self.prefix + line
         log.info("%s", line)
-        if self.echo:
+        if self.echo if echo is None else echo:
             print(line, flush=True)
 
 
@@ -153,10 +164,13 @@ def progress_callbacks(
 ) -> list[Callback]:
     """What a run shows of its progress: with `enabled` (`progress=true`) a bar on a terminal,
     else plain lines on stdout (`ProgressLines`, a line at least every `every_s` seconds where
-    the rounds are quicker); the lines always go to the run's log file.
+    the rounds are quicker), and the completion line on stdout either way; the lines always go
+    to the run's log file.
 
     The bar, if any, comes first in the list (`__main__` takes it down on an exception).
     """
     bar = ProgressBar.when_watched(rounds, enabled)
-    lines = ProgressLines(objective, echo=enabled and bar is None, every_s=every_s)
+    lines = ProgressLines(
+        objective, echo=enabled and bar is None, every_s=every_s, echo_end=enabled
+    )
     return [bar, lines] if bar is not None else [lines]

@@ -45,10 +45,16 @@ def run(
     loggers (W&B, CSV, ...; their `state_dict`, e.g. the W&B run id, is saved in checkpoints)
     that it builds them with.
     """
-    cfg, choices = c.cfg, choices or {}
     if not isinstance(callbacks, RunCallbacks):
         callbacks = build_callbacks(c, callbacks)
-    checkpointer = callbacks.checkpointer
+    # the stop signals are held until the summary is written: one that comes in the last round
+    # or after it (the final model, the summary) lets the run complete
+    with callbacks.checkpointer.signals.installed():
+        return _run(c, callbacks, choices or {}, group)
+
+
+def _run(c: Components, callbacks: RunCallbacks, choices: dict, group: str | None) -> RunSummary:
+    cfg, checkpointer = c.cfg, callbacks.checkpointer
     orch = make_orchestrator(c, callbacks=callbacks.all)
     checkpointer.restore_loggers(c.checkpoint)  # on resume: W&B continues the same run id
     scheme = get_object(cfg.partition._target_).name

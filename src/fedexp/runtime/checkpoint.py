@@ -76,14 +76,44 @@ def save_checkpoint(path: str | Path, payload: dict) -> None:
     save_atomic(path, {**payload, "checksum": content_checksum(payload)})
 
 
+class _WriteErrors:
+    """A file for `torch.save` that keeps the OSError its writes raised: torch's zip writer
+    swallows it and fails later with a RuntimeError of its own (`[enforce fail at
+    inline_container.cc:...] . unexpected pos ...`) that names neither the file nor the cause."""
+
+    def __init__(self, f):
+        self.f = f
+        self.error: OSError | None = None
+
+    def write(self, data) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as err:
+            self.error = self.error or err
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
 def save_atomic(path: str | Path, obj: Any) -> None:
     """`torch.save(obj)` to a temp file in the same directory, fsync, rename: a kill at any
-    moment leaves the previous file or the new one, and a failed write removes its temp file."""
+    moment leaves the previous file or the new one, and a failed write removes its temp file.
+
+    A write the file system refuses (a full disk) raises its OSError, naming the temp file,
+    also where torch reports it as a RuntimeError of its zip writer; any other error of
+    torch's is raised as it is."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
         with tmp.open("wb") as f:
-            torch.save(obj, f)
+            writes = _WriteErrors(f)
+            try:
+                torch.save(obj, writes)
+            except RuntimeError as err:
+                if writes.error is None:
+                    raise  # not the file system's: a bug keeps its traceback
+                raise writes.error from err
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -118,8 +119,18 @@ class Checkpointer(Callback):
         log.info("checkpoint: round %d -> %s", report.round, self.path)
 
     def on_round_end(self, report: RoundReport) -> None:
-        """Save after every `every`-th round and after a stop signal (then stop the run)."""
+        """Save after every `every`-th round and after a stop signal (then stop the run). A
+        stop signal that came during the last round stops nothing: the run completes (its
+        final model and summary are written with the signals still held)."""
         stop = self.signals.requested
+        if report.round >= report.last_round:
+            self.signals.finishing = True
+            if stop is not None:
+                log.warning(
+                    "%s came in the last round: the run completes",
+                    signal.Signals(stop).name,
+                )
+                stop = None
         if stop is not None or (self.every and report.round % self.every == 0):
             self.save(report)
         if stop is not None:

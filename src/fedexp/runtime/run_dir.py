@@ -15,6 +15,7 @@ from its jobs' summaries.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -94,7 +95,12 @@ def probe_space(run_dir: Path) -> None:
     probe = run_dir / f".fedexp.probe-{os.getpid()}"
     fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.write(fd, bytes(PROBE_BYTES))
+        left = memoryview(bytes(PROBE_BYTES))
+        while left:  # a nearly full disk writes a part and refuses the rest (ENOSPC)
+            written = os.write(fd, left)
+            if written <= 0:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(probe))
+            left = left[written:]
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -130,9 +136,12 @@ def resume_hint(run_dir: Path) -> str:
 def release(run_dir: str | Path) -> None:
     """Drop this process's lock on `run_dir` (no-op if not held). The lock file stays: removing
     it could let two later writers lock two different files."""
+    global _hydra_writes_into
     run_dir = Path(run_dir).resolve()
     fd = _held.pop(run_dir, None)
     _created.pop(run_dir, None)
+    if _hydra_writes_into == run_dir:
+        _hydra_writes_into = None
     if fd is not None:
         os.close(fd)
 
@@ -175,6 +184,49 @@ def sweep_status(sweep_dir: str | Path) -> int:
     return code
 
 
+_hydra_writes_into: Path | None = None  # the fresh run dir whose .hydra/ Hydra writes next
+
+
+def guard_hydra_files(run_dir: Path) -> None:
+    """Hydra writes `.hydra/` into the run dir after `RunDirGuard.on_run_start`, outside any
+    hook: a write there that fails (the disk filled since `probe_space`) is refused like a run
+    dir that cannot be written, in one line, exit 2, the run dir discarded. Only this run dir's
+    writes are caught; Hydra's other files (a sweep's jobs) fail as Hydra lets them."""
+    global _hydra_writes_into
+    import hydra.core.utils as hydra_utils
+
+    _hydra_writes_into = Path(run_dir).resolve()
+    save = getattr(hydra_utils, "_save_config", None)
+    if save is None or getattr(save, "guarded_by_fedexp", False):
+        return
+
+    def guarded(cfg: Any, filename: str, output_dir: Path) -> None:
+        try:
+            save(cfg, filename, output_dir)
+        except OSError as err:
+            run_dir = _hydra_writes_into
+            if run_dir is None or not Path(output_dir).resolve().is_relative_to(run_dir):
+                raise
+            close_file_logs(run_dir)  # Hydra's job log, opened in the run dir
+            discard(run_dir)
+            refuse(ConfigError(f"hydra.run.dir: cannot write into {run_dir} ({cause(err)})"))
+
+    guarded.guarded_by_fedexp = True  # type: ignore[attr-defined]
+    hydra_utils._save_config = guarded
+
+
+def close_file_logs(run_dir: Path) -> None:
+    """Close and remove the log handlers writing into `run_dir`, which is about to go."""
+    import logging
+
+    for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
+        for handler in list(getattr(logger, "handlers", [])):
+            name = getattr(handler, "baseFilename", None)
+            if name is not None and Path(name).resolve().is_relative_to(Path(run_dir).resolve()):
+                handler.close()
+                logger.removeHandler(handler)
+
+
 try:
     from hydra.experimental.callback import Callback
 except ImportError:  # pragma: no cover - Hydra is a dependency
@@ -186,9 +238,10 @@ class RunDirGuard(Callback):
 
     def on_run_start(self, config: Any, **kwargs: Any) -> None:
         try:
-            claim(config.hydra.run.dir, fresh=True)
+            run_dir = claim(config.hydra.run.dir, fresh=True)
         except ConfigError as err:
             refuse(err)
+        guard_hydra_files(run_dir)
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
         global sweep_exit_code

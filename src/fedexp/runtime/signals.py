@@ -1,6 +1,10 @@
 """Stop a run cleanly on SIGINT/SIGTERM: the round finishes, a checkpoint is written, the run
 stops with `Interrupted`; a second signal stops at once with `StoppedAtOnce` (the CLI exits
-128 + the signal's number, naming the checkpoint to resume from)."""
+128 + the signal's number, naming the checkpoint to resume from).
+
+The handlers stay installed until the run's summary is written: a signal that arrives during
+the last round (its evaluation) or after it (the final model, the summary) lets the run
+complete; only a second one stops it at once."""
 
 from __future__ import annotations
 
@@ -33,28 +37,34 @@ class StoppedAtOnce(BaseException):
 
 
 class StopSignals:
-    """First SIGINT/SIGTERM: finish the round, checkpoint, stop. Second: stop at once."""
+    """First SIGINT/SIGTERM: finish the round, checkpoint, stop (after the last round: finish
+    the run). Second: stop at once."""
 
     def __init__(self) -> None:
         self.requested: int | None = None
+        self.finishing = False  # the last round is done: the run completes whatever comes
+        self._depth = 0  # nested `installed()`: the outermost one sets and restores
 
     def _handle(self, signum, frame) -> None:
         if self.requested is not None:
             raise StoppedAtOnce(signum)
         self.requested = signum
-        log.warning(
-            "%s: stopping after this round with a checkpoint (again to stop at once)",
-            signal.Signals(signum).name,
-        )
+        if self.finishing:
+            what = "the last round is done; finishing the run"
+        else:
+            what = "stopping after this round with a checkpoint"
+        log.warning("%s: %s (again to stop at once)", signal.Signals(signum).name, what)
 
     @contextmanager
     def installed(self) -> Iterator[StopSignals]:
-        if threading.current_thread() is not threading.main_thread():
-            yield self  # signal handlers can only be set from the main thread
+        if threading.current_thread() is not threading.main_thread() or self._depth:
+            yield self  # signal handlers can only be set from the main thread; set already
             return
         previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        self._depth += 1
         try:
             yield self
         finally:
+            self._depth -= 1
             for s, handler in previous.items():
                 signal.signal(s, handler)
