@@ -29,3 +29,6 @@ class FedPer(FedRep):
     def make_module(self, model: nn.Module) -> ClientModule:
         check_head_body(model, "FedPer")
         return ClientModule(model, self.ctx.client)
+
+    def run_warnings(self, rounds: int) -> list[str]:
+        return []  # one joint phase of client.local_epochs: no part is left untrained
