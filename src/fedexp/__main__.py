@@ -119,10 +119,11 @@ def print_table(summary: RunSummary, choices: dict, title: str | None = None, be
     )
     table.add_column("metric", no_wrap=True)
     table.add_column("value", justify="right", no_wrap=True)
-    table.add_column("key", style="dim", no_wrap=True)
+    table.add_column("key", style="dim", overflow="fold")
     evaluated = metrics.get("round")
-    if summary.status != "completed" and evaluated is not None:
-        table.add_row("metrics of round", f"{evaluated} of {summary.rounds_completed} run", "")
+    if summary.status != "completed":  # the metrics may be older than the last round run
+        shown = f"{evaluated} of {summary.rounds_completed} run" if evaluated else "none yet"
+        table.add_row("metrics of round", shown, "")
     for key in TABLE_KEYS:
         if key in metrics and metrics[key] is not None:
             v = metrics[key]
@@ -141,7 +142,7 @@ def print_table(summary: RunSummary, choices: dict, title: str | None = None, be
         table.add_row(name, value, "")
     table.add_row("rounds", str(summary.rounds_completed), "")
     table.add_row("wall time (s)", f"{summary.timing.wall_time_s:.1f}", "")
-    Console(width=max(110, Console().width)).print(table)
+    Console(width=max(130, Console().width)).print(table)
 
 
 @hydra.main(version_base="1.3", config_path=find_conf(), config_name="config")
