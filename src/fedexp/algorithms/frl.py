@@ -9,19 +9,26 @@ Round: the server sends the global ranking R_g (per layer). A client writes S0 b
 data, and uploads R_u = argsort(key(θ^s)) per layer. The aggregator (`rank_vote`) sums each edge's
 positions over the clients' rankings and sorts: R_g(t+1) = argsort(sums). The global model is the
 supernetwork with R_g's mask; weights and S0 never change.
+
+The reference code's learning-rate rules, off by default (`FRLClientModule`): `round_lr_decay`
+γ gives round t the client lr `client.lr`·γ^(t−1) (its `lr·lrdc**e`, e = t − 1 its 0-based
+round), and `local_lr_schedule: cosine` anneals it over the local epochs as its
+`CosineAnnealingLR(T_max=E)` stepped once an epoch: epoch e = 0..E−1 trains at
+lr_t·(1 + cos(π e / E)) / 2, one optimizer (its momentum) carried over the epochs.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
 
 from fedexp.core.algorithm import Algorithm, BuildContext
-from fedexp.core.client import ClientModule
+from fedexp.core.client import ClientModule, Phase, make_optimizer
 from fedexp.core.cohort import CohortStart, stacked_field
-from fedexp.core.local import LocalTraining
+from fedexp.core.local import ClientConfig, LocalTraining
 from fedexp.core.messages import Ranking
 from fedexp.core.seeding import INIT, derive_seed
 from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext, ServerState
@@ -35,6 +42,72 @@ from fedexp.models.supermask import (
     to_supermask,
     write_ranking,
 )
+
+LR_SCHEDULES = ("constant", "cosine")
+
+
+def round_lr(lr: float, decay: float, round_idx: int) -> float:
+    """The client lr of round `round_idx` (1-based): lr·decay^(round_idx − 1); the reference
+    code's lr·lrdc**e at its 0-based round e = round_idx − 1."""
+    return lr * decay ** (round_idx - 1)
+
+
+def cosine_factor(epoch: int, epochs: int) -> float:
+    """The share of the round's lr that local epoch `epoch` (0-based) of `epochs` trains at:
+    (1 + cos(π·epoch/epochs)) / 2, torch's `CosineAnnealingLR(T_max=epochs)` (eta_min 0) stepped
+    once an epoch, as the reference code."""
+    return (1 + math.cos(math.pi * epoch / epochs)) / 2
+
+
+class FRLClientModule(ClientModule):
+    """FRL's client: the task loss over the scores, with the reference code's lr rules.
+
+    `round_idx` is set by `FRL.configure_round` every round, so the lr is a function of the
+    round (exact on resume). With `local_lr_schedule: cosine` each local epoch is a phase of its
+    own (`epoch1` .. `epochE`) trained at its cosine lr, and the optimizer made for the first
+    epoch is the one of the later epochs (its lr rewritten): SGD's momentum carries over the
+    epochs, as the reference's one optimizer and its scheduler. Both rules off (decay 1,
+    constant), training is `ClientModule`'s exactly.
+    """
+
+    def __init__(self, model: nn.Module, client: ClientConfig, decay: float, schedule: str):
+        super().__init__(model, client)
+        self.round_lr_decay, self.local_lr_schedule = decay, schedule
+        self.round_idx = 1
+        self._epochs = {f"epoch{e + 1}": e for e in range(client.local_epochs)}
+        self._optimizer: torch.optim.Optimizer | None = None
+
+    @property
+    def lr_rules(self) -> bool:
+        return self.round_lr_decay != 1.0 or self.local_lr_schedule != "constant"
+
+    def lr_at(self, round_idx: int, epoch: int = 0) -> float:
+        """The lr of local epoch `epoch` (0-based) in round `round_idx` (1-based)."""
+        lr = round_lr(self.client.lr, self.round_lr_decay, round_idx)
+        if self.local_lr_schedule == "cosine":
+            lr *= cosine_factor(epoch, self.client.local_epochs)
+        return lr
+
+    def phases(self) -> list[Phase]:
+        if self.local_lr_schedule == "constant":
+            return super().phases()
+        params = self.model_params()
+        return [Phase(name, 1, params) for name in self._epochs]
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        if not self.lr_rules:
+            return super().configure_optimizers()
+        name, kwargs = self._optimizer_spec
+        epoch = self._epochs.get(self.current_phase, 0)
+        lr = self.lr_at(self.round_idx, epoch)
+        if epoch > 0 and self._optimizer is not None:  # the first epoch's optimizer, carried on
+            for group in self._optimizer.param_groups:
+                group["lr"] = lr
+            return self._optimizer
+        optimizer = make_optimizer(self._phase_params, (name, {**kwargs, "lr": lr}))
+        if self.local_lr_schedule == "cosine":
+            self._optimizer = optimizer
+        return optimizer
 
 
 class FRL(Algorithm):
@@ -51,11 +124,19 @@ class FRL(Algorithm):
         k: float,
         weight_init: str,
         rank_key: str,
+        round_lr_decay: float = 1.0,
+        local_lr_schedule: str = "constant",
     ):
         super().__init__(ctx)
         if rank_key not in RANK_KEYS:
             raise ConfigError(f"algorithm.rank_key: must be one of {RANK_KEYS}, got {rank_key!r}")
         self.k, self.weight_init, self.rank_key = k, weight_init, rank_key
+        self.round_lr_decay, self.local_lr_schedule = check_lr_rules(
+            round_lr_decay, local_lr_schedule, ctx.client
+        )
+        # the vectorized executor restarts the optimizer's state at every phase: the cosine
+        # schedule's epochs (phases) share one optimizer, so it trains client by client
+        self.vectorizable = self.local_lr_schedule == "constant"
         self.model_seed = derive_seed(ctx.seed, INIT)
         self._built_seed: int | None = None
         self._build(self.model_seed)
@@ -74,7 +155,9 @@ class FRL(Algorithm):
         if self._built_seed == seed:
             return
         client_model = self.build_model(seed)
-        self.module = ClientModule(client_model, self.ctx.client)
+        self.module = FRLClientModule(
+            client_model, self.ctx.client, self.round_lr_decay, self.local_lr_schedule
+        )
         self.client_s0 = [
             sorted_scores(layer.scores, self.rank_key) for layer in supermask_layers(client_model)
         ]
@@ -96,6 +179,7 @@ class FRL(Algorithm):
 
     def configure_round(self, state: ServerState, ctx: RoundContext) -> Mapping[int, Message]:
         self._build(state.buffers["model_seed"])
+        self.module.round_idx = ctx.round  # the round's client lr (`FRLClientModule.lr_at`)
         payload = Ranking(tuple(state.buffers["global_ranking"]))
         return {cid: payload for cid in ctx.client_ids}
 
@@ -203,3 +287,20 @@ class FRL(Algorithm):
             "params/kept": sum(num_kept(m.weight.numel(), self.k) for m in layers),
             "frl/num_layers": len(layers),
         }
+
+
+def check_lr_rules(decay, schedule, client: ClientConfig) -> tuple[float, str]:
+    """`algorithm.round_lr_decay` (a float in (0, 1]) and `algorithm.local_lr_schedule` (one of
+    LR_SCHEDULES), checked; neither applies to `client.optimizer=module`."""
+    if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 < decay <= 1:
+        raise ConfigError(f"algorithm.round_lr_decay: must be a number in (0, 1], got {decay!r}")
+    if schedule not in LR_SCHEDULES:
+        raise ConfigError(
+            f"algorithm.local_lr_schedule: must be one of {LR_SCHEDULES}, got {schedule!r}"
+        )
+    if client.optimizer == "module" and (decay != 1 or schedule != "constant"):
+        raise ConfigError(
+            "algorithm.round_lr_decay / local_lr_schedule: set the lr of client.optimizer=module "
+            "in the model's configure_optimizers"
+        )
+    return float(decay), schedule
