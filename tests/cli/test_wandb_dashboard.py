@@ -128,3 +128,10 @@ def test_the_console_is_quiet_unless_verbose_and_the_checkpoint_is_an_artifact(c
     (artifact,) = [a for a in artifacts(run_file) if a["type"] == "model"]
     assert artifact["metadata"] == {"round": 2}  # the last round's
     assert artifact["name"] == f"checkpoint-{run_info(run_file)['id']}"
+
+
+def test_the_run_summary_carries_the_warnings_and_the_data_fingerprint(sweep):
+    for _, run_file, saved in sweep:
+        got = summary(run_file)
+        assert got["warnings"] == (" | ".join(saved["warnings"]) or "none")
+        assert got["data_fingerprint"] == saved["data_fingerprint"] and got["data_fingerprint"]

@@ -253,7 +253,13 @@ class WandbLogger(Logger):
             for k, v in summary.metrics.items()
             if isinstance(v, int | float) and k not in self.best
         }
-        self._guard("summary", self.run.summary.update, {**final, "status": summary.status})
+        # what changes what the numbers mean, beside them on the dashboard too
+        facts = {
+            "status": summary.status,
+            "warnings": " | ".join(summary.warnings) or "none",
+            "data_fingerprint": summary.data_fingerprint or "",
+        }
+        self._guard("summary", self.run.summary.update, {**final, **facts})
         if self.log_checkpoint:
             self._guard("checkpoint", self._log_checkpoint, summary)
         self._guard("finish", self.run.finish, exit_code=0 if summary.completed else 1)
