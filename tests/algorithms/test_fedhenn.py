@@ -102,19 +102,25 @@ def test_eta0_homogeneous_is_fedavg_exactly_on_the_same_data(tmp_path):
 
 
 def test_eta0_homogeneous_is_fedavg_exactly_on_the_default_config_with_the_pool(tmp_path):
-    # the server pool is set aside for every algorithm alike, so FedAvg, built from its own
-    # config, sees the clients' data FedHeNN sees; with FedHeNN's client settings (the authors'
-    # SGD: client=fedhenn) the whole pipeline, config to trained weights and summary, is FedAvg's
-    avg = experiment(tmp_path / "a", "algorithm=fedavg", "client=fedhenn")
-    henn = experiment(tmp_path / "h", "algorithm=fedhenn", "algorithm.eta0=0")
+    # a comparison sets one integer server pool for every algorithm (`auto` sets it aside only
+    # for FedHeNN), so FedAvg, built from its own config, sees the clients' data FedHeNN sees;
+    # with FedHeNN's client settings (the authors' SGD: client=fedhenn) the whole pipeline,
+    # config to trained weights and summary, is FedAvg's
+    pool_of_16 = "partition.server_pool=16"  # what auto gives FedHeNN here (2 x rad_size 8)
+    avg = experiment(tmp_path / "a", "algorithm=fedavg", "client=fedhenn", pool_of_16)
+    henn = experiment(tmp_path / "h", "algorithm=fedhenn", "algorithm.eta0=0", pool_of_16)
     pool = henn.data.server_x
     assert pool is not None and len(pool) == henn.cfg.partition.server_pool > 0
     assert torch.equal(avg.data.server_x, pool) and torch.equal(avg.data.x, henn.data.x)
     orch_avg, _ = run(avg)
     orch_henn, _ = run(henn)
     assert torch.equal(orch_henn.state.params, orch_avg.state.params)
-    avg_summary = experiment(tmp_path / "a2", "algorithm=fedavg", "client=fedhenn").run([])
-    henn_summary = experiment(tmp_path / "h2", "algorithm=fedhenn", "algorithm.eta0=0").run([])
+    avg_summary = experiment(tmp_path / "a2", "algorithm=fedavg", "client=fedhenn", pool_of_16).run(
+        []
+    )
+    henn_summary = experiment(
+        tmp_path / "h2", "algorithm=fedhenn", "algorithm.eta0=0", pool_of_16
+    ).run([])
     for key, value in avg_summary.metrics.items():
         if not key.startswith("time/"):
             assert henn_summary.metrics[key] == value, key
@@ -350,7 +356,10 @@ def test_message_bits_by_hand():
             "algorithm.rad_size",
         ),
         (("algorithm=fedhenn", "partition.server_pool=0"), "partition.server_pool: 0, but"),
-        (("algorithm=fedhenn", "algorithm.rad_size=300"), "partition.server_pool: 16 < algorithm"),
+        (
+            ("algorithm=fedhenn", "algorithm.rad_size=300", "partition.server_pool=16"),
+            "partition.server_pool: 16 < algorithm",
+        ),
         (("algorithm=fedhenn", "algorithm.rad_source=holdout"), "algorithm.rad_source"),
         (("algorithm=fedhenn", "algorithm.upload=representations"), "algorithm.upload"),
         ((*HETERO, "algorithm.upload=kernels"), "algorithm.upload"),

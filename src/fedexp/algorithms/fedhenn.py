@@ -13,6 +13,9 @@ aside before partitioning that no client holds (rad_source=server, the default: 
 server generates the RAD; `partition.server_pool`), or, as documented options, from the
 clients' pooled raw training inputs (rad_source=train, the authors' simulation shortcut, which
 shares clients' inputs) or from N(0, 1) noise (rad_source=noise).
+
+`align_layer` picks what is aligned: the body's output (the paper's text) or the network's
+output (the authors' code). Each round's alignment is measured (`fedhenn_measures`).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from fedexp.algorithms.fedhenn_alignment import (
     representations,
 )
 from fedexp.algorithms.fedhenn_heterogeneous import FedHeNNHeterogeneous
+from fedexp.algorithms.fedhenn_measures import AlignmentMeter, MeasuredWeights, measured_metrics
 from fedexp.core.algorithm import Algorithm, BuildContext, load_flat
 from fedexp.core.client import ClientModule
 from fedexp.core.local import LocalTraining
@@ -81,6 +85,7 @@ def fedhenn(
     weighting: str,
     server_lr: float,
     server_momentum: float,
+    align_layer: str = "body",
 ) -> Algorithm:
     """Build the FedHeNN variant named by `variant` (the `_target_` of algorithm=fedhenn)."""
     opts = AlignmentOptions(
@@ -95,6 +100,7 @@ def fedhenn(
         rad_source,
         kernel_weighting,
         upload,
+        align_layer,
     )
     opts.validate(variant, ctx.data)
     if rad_source == "train" and opts.eta0 > 0:
@@ -132,40 +138,47 @@ class FedHeNNHomogeneous(FedAvg):
     def __init__(self, ctx: BuildContext, opts: AlignmentOptions, **fedavg_kwargs):
         self.opts = opts
         super().__init__(ctx, **fedavg_kwargs)
+        self.meter = AlignmentMeter(ctx.seed, self.device)
 
     def make_module(self, model: nn.Module) -> ClientModule:
         return AlignModule(model, self.ctx.client, self.opts, target_is_kernel=False)
 
     def configure_round(self, state: ServerState, ctx: RoundContext) -> Mapping[int, Message]:
         eta = self.opts.eta(ctx.round)
-        rad = target = None
+        rad = draw_rad(self.opts, self.ctx.data, self.ctx.seed, ctx.round)  # its own stream
+        # every client derives the same target from the weights it receives: compute it once
+        model = self.global_model(state)
+        with torch.no_grad():
+            model.eval()
+            reps = representations(model, rad.x, self.opts.align_layer)
+            target = global_target(reps, self.opts)
         if eta > 0:
-            rad = draw_rad(self.opts, self.ctx.data, self.ctx.seed, ctx.round)
-            # every client derives the same target from the weights it receives: compute it once
-            model = self.global_model(state)
-            with torch.no_grad():
-                model.eval()
-                target = global_target(representations(model, rad.x), self.opts)
-        payload = AlignPayload(eta, weights=state.params, rad=rad, target=target)
+            payload = AlignPayload(eta, state.params, rad, target, round_idx=ctx.round)
+        else:  # no RAD is sent; the alignment is still measured on this one (no bits)
+            payload = AlignPayload(eta, state.params, round_idx=ctx.round, measure_on=(rad, target))
         return {cid: payload for cid in ctx.client_ids}
 
     # FedAvg's hooks read the weights as `payload.vector`; the alignment comes on top
     def client_begin(self, module: AlignModule, client_id: int, payload: AlignPayload) -> None:
         super().client_begin(module, client_id, payload)
         module.set_alignment(payload.eta, payload.rad, payload.target)
+        self.meter.begin(module, client_id, payload)
 
     def client_end(
         self, module: AlignModule, client_id: int, payload: AlignPayload, training: LocalTraining
     ) -> Message:
+        measured = self.meter.end(module, client_id, payload)  # leaves the model as it was
         # the client keeps its local model: the personal metrics evaluate it
         self.store.put(client_id, model_state(module.model))  # with its running statistics
-        return super().client_end(module, client_id, payload, training)
+        upload = super().client_end(module, client_id, payload, training)
+        return MeasuredWeights(upload.values, measured)
 
     def aggregate(
         self, state: ServerState, results: Sequence[ClientResult], ctx: RoundContext
     ) -> tuple[ServerState, dict[str, float]]:
         state, metrics = super().aggregate(state, results, ctx)
-        return state, {**metrics, "fedhenn/eta": self.opts.eta(ctx.round)}
+        eta = self.opts.eta(ctx.round)
+        return state, {**metrics, "fedhenn/eta": eta, **measured_metrics(results, eta)}
 
     def run_warnings(self, rounds: int) -> list[str]:
         return self.opts.zero_eta_warnings(rounds, "FedAvg")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -19,12 +20,16 @@ from fedexp.core.seeding import derive_seed
 from fedexp.core.types import FLOAT_BITS, ConfigError, Message, VectorMessage
 from fedexp.metrics.cka import KERNELS, cka_distance, kernel_matrix, linear_cka, procrustes_distance
 
+if TYPE_CHECKING:
+    from fedexp.algorithms.fedhenn_measures import Measurement
+
 RAD_STREAM = 41  # derive_seed tag of the RAD draws, apart from SAMPLING/CLIENT/INIT
 SEED_BITS = 64
 VARIANTS = ("homogeneous", "heterogeneous")
 RAD_SOURCES = ("server", "train", "noise")
 SCHEDULES = ("constant", "linear", "sqrt", "step")
 UPLOADS = ("weights", "representations")
+ALIGN_LAYERS = ("body", "output")  # the body's output (the paper's text) | the logits (its code)
 POOL_KEY = "partition.server_pool"
 
 
@@ -48,6 +53,7 @@ class AlignmentOptions:
     rad_source: str
     kernel_weighting: str
     upload: str
+    align_layer: str = "body"
 
     def validate(self, variant: str, data) -> None:
         _check(variant in VARIANTS, "variant", f"must be one of {VARIANTS}, got {variant!r}")
@@ -79,6 +85,11 @@ class AlignmentOptions:
             f"must be uniform or samples, got {self.kernel_weighting!r}",
         )
         _check(self.upload in UPLOADS, "upload", f"must be one of {UPLOADS}, got {self.upload!r}")
+        _check(
+            self.align_layer in ALIGN_LAYERS,
+            "align_layer",
+            f"must be one of {ALIGN_LAYERS}, got {self.align_layer!r}",
+        )
         _check(
             not (self.upload == "representations" and variant == "homogeneous"),
             "upload",
@@ -168,6 +179,9 @@ class AlignPayload(VectorMessage):
     `target_sent` is False where the client derives the target itself (homogeneous: from the
     global weights it receives; the server computes it once per round only to save work).
     Its `vector` is `weights` (None in the heterogeneous variant, which sends no weights).
+    Not on the wire (no bits): `round_idx`, known to everyone, and `measure_on`, the (RAD,
+    target) that the alignment is measured on in a homogeneous round that sends no RAD (eta = 0;
+    `fedhenn_measures`): the experimenter's instrument, not the protocol's.
     """
 
     vector_field = "weights"
@@ -177,6 +191,8 @@ class AlignPayload(VectorMessage):
     target: torch.Tensor | None = None
     target_sent: bool = False
     probe: Rad | None = None
+    round_idx: int = 0
+    measure_on: tuple[Rad, torch.Tensor] | None = None
 
     def num_bits(self) -> int:
         bits = 0 if self.weights is None else self.weights.numel() * FLOAT_BITS
@@ -193,6 +209,7 @@ class ClientWeights(Message):
 
     values: torch.Tensor
     arch: int
+    measured: Measurement | None = None  # the client's alignment, measured: not on the wire
 
     def num_bits(self) -> int:
         return self.values.numel() * FLOAT_BITS
@@ -204,6 +221,7 @@ class AlignmentUpload(Message):
 
     values: torch.Tensor
     is_kernel: bool
+    measured: Measurement | None = None  # the client's alignment, measured: not on the wire
 
     def num_bits(self) -> int:
         return self.values.numel() * FLOAT_BITS
@@ -235,16 +253,19 @@ def draw_rad(opts: AlignmentOptions, data, seed: int, round_idx: int) -> Rad:
 
 
 # ---- targets and the client term -----------------------------------------------------------------
-def representations(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """Phi(x): the body's output as an (L, d) matrix."""
-    return model.body(x).flatten(1)
+def representations(model: nn.Module, x: torch.Tensor, layer: str = "body") -> torch.Tensor:
+    """The representations aligned, an (L, d) matrix: Phi(x), the body's output (`body`, the
+    penultimate layer the paper's text names), or the network's output, its logits (`output`:
+    the authors' code, whose client unpacks `log_probs, layerout = net(images)` from models
+    returning `(feat_vec, label)`, so that `layerout` is the last layer's output)."""
+    return (model(x) if layer == "output" else model.body(x)).flatten(1)
 
 
 @torch.no_grad()
 def upload_of(model: nn.Module, probe: Rad, opts: AlignmentOptions) -> AlignmentUpload:
     """What a client sends: its representations of the probe, or their kernel if narrower."""
     model.eval()
-    reps = representations(model, probe.x)
+    reps = representations(model, probe.x, opts.align_layer)
     if reps.shape[1] > reps.shape[0]:
         return AlignmentUpload(kernel_matrix(reps, opts.kernel, opts.rbf_sigma), True)
     return AlignmentUpload(reps, False)
@@ -284,14 +305,19 @@ class AlignModule(ClientModule):
         self.rad = rad.x if active else None
         self.target = target if active else None
 
-    def alignment_distance(self) -> torch.Tensor:
-        reps = representations(self.model, self.rad)
+    def alignment_distance(
+        self, rad: torch.Tensor | None = None, target: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """d(K(Phi(X)), target) on the module's RAD and target, or on those given."""
+        rad = self.rad if rad is None else rad
+        target = self.target if target is None else target
         opts = self.opts
+        reps = representations(self.model, rad, opts.align_layer)
         if opts.distance == "procrustes":
-            return procrustes_distance(reps, self.target)
+            return procrustes_distance(reps, target)
         if self.target_is_kernel or opts.kernel == "rbf":
-            return cka_distance(kernel_matrix(reps, opts.kernel, opts.rbf_sigma), self.target)
-        return 1 - linear_cka(reps, self.target)  # feature space: O(L d^2), not O(L^2 d)
+            return cka_distance(kernel_matrix(reps, opts.kernel, opts.rbf_sigma), target)
+        return 1 - linear_cka(reps, target)  # feature space: O(L d^2), not O(L^2 d)
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         loss = self.task_loss(batch, batch_idx)

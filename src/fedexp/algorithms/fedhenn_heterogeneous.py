@@ -18,6 +18,7 @@ What travels (`algorithm.upload`):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -35,6 +36,7 @@ from fedexp.algorithms.fedhenn_alignment import (
     upload_kernel,
     upload_of,
 )
+from fedexp.algorithms.fedhenn_measures import AlignmentMeter, measured_metrics
 from fedexp.core.algorithm import Algorithm, BuildContext, flat_params, load_flat
 from fedexp.core.client import ClientModule
 from fedexp.core.local import LocalTraining
@@ -62,6 +64,7 @@ class FedHeNNHeterogeneous(Algorithm):
         # the membership-inference audit's shadows (ids outside the federation): the
         # architecture of the client each one mimics (`prepare_shadow`)
         self.shadow_archs: dict[int, int] = {}
+        self.meter = AlignmentMeter(ctx.seed, self.device)
 
     # ---- client models -------------------------------------------------------------------------
     def arch_of(self, client_id: int) -> int:
@@ -103,7 +106,9 @@ class FedHeNNHeterogeneous(Algorithm):
                 target = None  # only a K_bar computed on this round's RAD is usable
             rad = draw_rad(opts, data, seed, ctx.round) if target is not None else None
             probe = self.probe(ctx.round) if opts.upload == "representations" else None
-            payload = AlignPayload(eta, rad=rad, target=target, target_sent=True, probe=probe)
+            payload = AlignPayload(
+                eta, rad=rad, target=target, target_sent=True, probe=probe, round_idx=ctx.round
+            )
         return {cid: payload for cid in ctx.client_ids}
 
     def probe(self, round_idx: int) -> Rad:
@@ -121,7 +126,8 @@ class FedHeNNHeterogeneous(Algorithm):
     def aggregate(
         self, state: ServerState, results: Sequence[ClientResult], ctx: RoundContext
     ) -> tuple[ServerState, dict[str, float]]:
-        metrics = {"fedhenn/eta": self.opts.eta(ctx.round) if self.opts.eta0 > 0 else 0.0}
+        eta = self.opts.eta(ctx.round) if self.opts.eta0 > 0 else 0.0
+        metrics = {"fedhenn/eta": eta, **measured_metrics(results, eta)}
         uploads = [r for r in results if isinstance(r.upload, (AlignmentUpload, ClientWeights))]
         if not uploads:
             return state, metrics
@@ -141,17 +147,22 @@ class FedHeNNHeterogeneous(Algorithm):
     def client_begin(self, module: AlignModule, client_id: int, payload: AlignPayload) -> None:
         load_flat(list(module.model.parameters()), self.client_params(client_id))
         module.set_alignment(payload.eta, payload.rad, payload.target)
+        if self.opts.eta0 > 0:  # with eta0 = 0 there is never a target to measure against
+            self.meter.begin(module, client_id, payload)
 
     def client_end(
         self, module: AlignModule, client_id: int, payload: AlignPayload, training: LocalTraining
     ) -> Message:
+        if self.opts.eta0 == 0:
+            self.store.put(client_id, flat_params(list(module.model.parameters())))
+            return Nothing()
+        measured = self.meter.end(module, client_id, payload)  # leaves the model as it was
         params = flat_params(list(module.model.parameters()))
         self.store.put(client_id, params)
-        if self.opts.eta0 == 0:
-            return Nothing()
         if self.opts.upload == "weights":
-            return ClientWeights(params, self.arch_of(client_id))
-        return upload_of(module.model, payload.probe, self.opts)
+            return ClientWeights(params, self.arch_of(client_id), measured)
+        upload = upload_of(module.model, payload.probe, self.opts)
+        return dataclasses.replace(upload, measured=measured)
 
     # ---- evaluation and audit ------------------------------------------------------------------
     def personal_model(self, state: ServerState, client_id: int) -> nn.Module | None:
