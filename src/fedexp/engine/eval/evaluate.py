@@ -1,5 +1,6 @@
 """Evaluation over all clients: the global model (pooled test set and each client's local test
-split) and each client's personal model on its local test split."""
+split) and each client's personal model on its local test split; accuracy, and the mean
+cross-entropy beside it from the same logits."""
 
 from __future__ import annotations
 
@@ -10,8 +11,13 @@ import torch
 
 from fedexp.core.algorithm import Algorithm
 from fedexp.core.types import ServerState
-from fedexp.engine.eval.hits import accuracies_from_hits, accuracy, indexed_hits
-from fedexp.engine.eval.personal import personal_accuracies
+from fedexp.engine.eval.hits import (
+    accuracies_from_hits,
+    losses_from_samples,
+    mean_of,
+    sample_outcomes,
+)
+from fedexp.engine.eval.personal import personal_outcomes
 
 PERSONAL_SAMPLE_STREAM = 7177  # the seed stream of the `eval.personal_clients` sample
 
@@ -47,6 +53,13 @@ def mean_hits(hits: torch.Tensor) -> float:
     return float(hits.float().mean()) if len(hits) else math.nan
 
 
+def client_mean(values: np.ndarray) -> float:
+    """The mean over clients of per-client values, clients with an empty split (NaN) left out
+    (as `distribution`'s acc_mean); NaN when no client has a sample."""
+    values = values[~np.isnan(values)]
+    return float(values.mean()) if values.size else math.nan
+
+
 def personal_sample(num_clients: int, count: int | None, seed: int) -> np.ndarray:
     """The clients whose personal models are evaluated: all (`count` None), or a sorted sample
     of `count` drawn from the seed alone, so every evaluation of a run sees the same clients."""
@@ -71,6 +84,11 @@ def evaluate(
     are evaluated in batched passes (`fedexp.engine.eval.personal`), of every client or, with
     `personal_clients`, of a seeded sample of that many (`personal_sample`; their ids are then
     listed under `personal_clients`).
+
+    Beside each mean accuracy is the mean cross-entropy, from the logits of the same passes:
+    `eval/global/loss` (over the samples of the pooled set, as `eval/global/acc`),
+    `eval/global/client_loss_mean` and `eval/personal/loss_mean` (each client's mean, then the
+    mean over clients, as the acc_mean beside them), and their `eval/val/` forms.
     """
     metrics: dict[str, float] = {}
     per_client: dict[str, list[float]] = {}
@@ -78,27 +96,33 @@ def evaluate(
     prefix = {"test": "eval", "val": "eval/val"}
     model = algorithm.global_model(state)
     if model is not None:
-        # one pass over each local split gives both the pooled accuracy (the union of the
+        # one pass over each local split gives both the pooled measures (the union of the
         # local splits) and every client's
-        hits = {s: indexed_hits(model, data.x, data.y, data.local_index(s)[0]) for s in splits}
-        if data.test_is_pooled:
-            metrics["eval/global/acc"] = mean_hits(hits["test"])
-        else:
-            metrics["eval/global/acc"] = accuracy(model, data.test_x, data.test_y)
-        if "val" in splits:
-            metrics["eval/val/global/acc"] = mean_hits(hits["val"])
+        outcomes = {
+            s: sample_outcomes(model, data.x, data.y, data.local_index(s)[0]) for s in splits
+        }
         for split in splits:
-            accs = accuracies_from_hits(hits[split], data, split)
+            hits, losses = outcomes[split]
+            if split == "test" and not data.test_is_pooled:
+                hits, losses = sample_outcomes(model, data.test_x, data.test_y)
+            metrics[f"{prefix[split]}/global/acc"] = mean_hits(hits)
+            metrics[f"{prefix[split]}/global/loss"] = mean_of(losses)
+        for split in splits:
+            hits, losses = outcomes[split]
+            accs = accuracies_from_hits(hits, data, split)
             # the global model on each client's split: eval/global/client_acc_mean|std|...
             spread = distribution(f"{prefix[split]}/global/client", accs)
             metrics.update({k.replace("client/acc", "client_acc"): v for k, v in spread.items()})
+            client_losses = losses_from_samples(losses, data, split)
+            metrics[f"{prefix[split]}/global/client_loss_mean"] = client_mean(client_losses)
             if split == "test":
                 per_client["global"] = accs.tolist()
     clients = personal_sample(data.num_clients, personal_clients, seed)
-    personal = personal_accuracies(algorithm, state, data, clients, splits)
+    personal = personal_outcomes(algorithm, state, data, clients, splits)
     for split in splits if personal is not None else ():
-        accs = personal[split]
+        accs, losses = personal[split]
         metrics.update(distribution(f"{prefix[split]}/personal", accs))
+        metrics[f"{prefix[split]}/personal/loss_mean"] = client_mean(losses)
         if split == "test":
             per_client["personal"] = accs.tolist()
             if personal_clients is not None:

@@ -9,7 +9,8 @@ once, the others stacked. The chunk's padded local data then runs through
 little; a chunk holds at most `EVAL_BATCH` padded samples per pass and about `CHUNK_BYTES` of
 stacked state. Per-client hit counts are exact, and the accuracy is the same float32 division
 as `accuracy`'s mean, so the values equal those of a per-client loop wherever the batched
-forward gives the same argmax (its logits agree to float tolerance).
+forward gives the same argmax (its logits agree to float tolerance). The same logits give each
+client's mean cross-entropy (`personal_outcomes`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 from torch.utils._pytree import tree_flatten, tree_map
@@ -114,8 +116,18 @@ def personal_accuracies(
 ) -> dict[str, np.ndarray] | None:
     """Accuracy of each of `clients`' personal model on its local `splits` (NaN where a split is
     empty), in `clients` order; None where the algorithm has no personal models."""
+    out = personal_outcomes(algorithm, state, data, clients, splits)
+    return None if out is None else {s: accs for s, (accs, _) in out.items()}
+
+
+def personal_outcomes(
+    algorithm, state, data, clients: np.ndarray, splits: tuple[str, ...]
+) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
+    """(accuracy, mean cross-entropy) of each of `clients`' personal model on its local
+    `splits` (NaN where a split is empty), in `clients` order, from one pass; None where the
+    algorithm has no personal models."""
     clients = np.asarray(clients, dtype=np.int64)
-    out = {s: np.full(len(clients), np.nan) for s in splits}
+    out = {s: (np.full(len(clients), np.nan), np.full(len(clients), np.nan)) for s in splits}
     if len(clients) == 0:
         return out
     sizes = np.max([data.split_sizes(s)[clients] for s in splits], axis=0)
@@ -136,9 +148,10 @@ def personal_accuracies(
             return None
         held = 0
         for batch, rows in batches:
-            accs = _evaluate(batch, clients[pos[rows]], data, splits)
+            found = _evaluate(batch, clients[pos[rows]], data, splits)
             for s in splits:
-                out[s][pos[rows]] = accs[s]
+                for mine, theirs in zip(out[s], found[s]):
+                    mine[pos[rows]] = theirs
             held += _stacked_bytes(batch)
         cap = max(1, CHUNK_BYTES * len(pos) // max(held, 1))
         start = stop
@@ -146,8 +159,11 @@ def personal_accuracies(
 
 
 @torch.no_grad()
-def _evaluate(batch: PersonalBatch, ids: np.ndarray, data, splits) -> dict[str, np.ndarray]:
-    """One batch's clients: vmapped forward over their padded local data, exact hit counts."""
+def _evaluate(
+    batch: PersonalBatch, ids: np.ndarray, data, splits
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """One batch's clients: vmapped forward over their padded local data, exact hit counts and
+    the summed cross-entropy of the real samples; per split (accuracies, mean losses)."""
     model, device = batch.model, data.x.device
     modules = dict(model.named_modules())
     touched = set(batch.attrs) | set(batch.shared_attrs)
@@ -179,22 +195,29 @@ def _evaluate(batch: PersonalBatch, ids: np.ndarray, data, splits) -> dict[str, 
             flat, offsets = data.local_index(split)
             n = offsets[ids + 1] - offsets[ids]
             if n.max(initial=0) == 0:
-                out[split] = np.full(len(ids), np.nan)
+                out[split] = (np.full(len(ids), np.nan), np.full(len(ids), np.nan))
                 continue
             width = int(n.max())
             window = max(1, EVAL_BATCH // len(ids))
             hits = torch.zeros(len(ids), dtype=torch.long, device=device)
+            loss = torch.zeros(len(ids), dtype=torch.float64, device=device)
             for lo in range(0, width, window):
                 cols = np.arange(lo, min(lo + window, width))
                 valid = cols[None, :] < n[:, None]
                 pos = np.where(valid, offsets[ids][:, None] + cols[None, :], 0)
                 idx = flat[torch.as_tensor(pos, device=device)]
                 logits = batched_forward(batch.stacked, batch.attrs, data.x[idx])
-                right = (logits.argmax(-1) == data.y[idx]) & torch.as_tensor(valid, device=device)
+                real = torch.as_tensor(valid, device=device)
+                right = (logits.argmax(-1) == data.y[idx]) & real
                 hits += right.sum(1)
+                ce = F.cross_entropy(
+                    logits.flatten(0, 1).double(), data.y[idx].flatten().long(), reduction="none"
+                )
+                loss += torch.where(real, ce.view(real.shape), 0.0).sum(1)
             total = torch.as_tensor(n, device=device).float()
             acc = (hits.float() / total).double().cpu().numpy()  # float32, as accuracy's mean
-            out[split] = np.where(n > 0, acc, np.nan)
+            mean_loss = (loss / total.double()).cpu().numpy()
+            out[split] = (np.where(n > 0, acc, np.nan), np.where(n > 0, mean_loss, np.nan))
     finally:
         for name, values in saved.items():
             vars(modules[name]).clear()
