@@ -59,4 +59,9 @@ def test_smoke_shrinks_the_rad_of_every_fedhenn_preset_and_only_fedhenn_and_ever
         assert cfg.algorithm.rad_size == 8 and cfg.algorithm.rad_source == "server", preset
         assert "rad_size" not in avg.algorithm, preset
         # the pool shrinks for every method alike: tiny test datasets can spare it
+        from fedexp.config.pool import resolve_server_pool
+
+        for c in (cfg, avg):
+            resolve_server_pool(c)
+            assert "max_server_pool" not in c.partition, preset
         assert cfg.partition.server_pool == avg.partition.server_pool == 16, preset

@@ -39,9 +39,7 @@ def test_no_pool_leaves_the_data_as_it_is_and_too_large_a_pool_is_refused():
 
 
 @pytest.mark.parametrize("algorithm", ["fedprox", "fedrep", "fedhenn"])
-def test_an_explicit_pool_gives_every_algorithm_the_same_clients_data_and_pool(
-    tmp_path, algorithm
-):
+def test_an_explicit_pool_gives_every_algorithm_the_same_clients_data_and_pool(tmp_path, algorithm):
     from fedexp.runtime.fingerprint import data_digest
 
     pool = "partition.server_pool=16"
@@ -83,6 +81,8 @@ def test_the_share_the_clients_hold_counts_the_pool(tmp_path):
     # digits: 1438 training samples; shards keep every one; local splits 0.7 / 0.1 / 0.2
     full = smoke_experiment(tmp_path / "a", "algorithm=fedavg").data.coverage
     assert full["data/held_by_clients"] == 1.0
-    pooled = smoke_experiment(tmp_path / "b", "partition.server_pool=200").data.coverage
+    pooled = smoke_experiment(
+        tmp_path / "b", "partition.server_pool=200", "partition.max_server_pool=null"
+    ).data.coverage
     assert pooled["data/held_by_clients"] == pytest.approx(1238 / 1438)
     assert pooled["data/train_fraction_used"] < 0.7 * 1238 / 1438 + 0.01

@@ -31,9 +31,23 @@ def pool_need(cfg: DictConfig) -> int:
     return int(need(cfg)) if need is not None else 0
 
 
+CAP = "partition.max_server_pool"  # debug=smoke: a pool tiny test datasets can spare
+
+
 def resolve_server_pool(cfg: DictConfig) -> None:
-    """Replace `partition.server_pool: auto` in `cfg` by the size it stands for."""
-    if OmegaConf.select(cfg, KEY) != AUTO:
+    """Replace `partition.server_pool: auto` in `cfg` by the size it stands for, and apply
+    `partition.max_server_pool` (set by `debug=smoke`: a preset's pool of 10 000 becomes 16,
+    for every method of its comparison alike), which then leaves the config."""
+    pool = OmegaConf.select(cfg, KEY)
+    cap = OmegaConf.select(cfg, CAP)
+    has_cap = "partition" in cfg and "max_server_pool" in cfg.partition
+    if pool != AUTO and not has_cap:
         return
+    if pool == AUTO:
+        pool = pool_need(cfg)
     with open_dict(cfg):
-        OmegaConf.update(cfg, KEY, pool_need(cfg), merge=False)
+        if has_cap:
+            del cfg.partition["max_server_pool"]
+        if cap is not None and isinstance(pool, int):
+            pool = min(pool, int(cap))
+        OmegaConf.update(cfg, KEY, pool, merge=False)
