@@ -50,7 +50,9 @@ def test_report_of_a_run_without_client_test_splits(tmp_path, monkeypatch):
     head = next(line for line in md.splitlines() if "eval/global/client_acc_mean" in line)
     row = next(line for line in md.splitlines() if line.startswith("| frl |"))
     cells = dict(zip(head.split("|"), row.split("|")))
-    assert cells[" eval/global/client_acc_mean "] == " – " and cells[" eval/global/acc "] != " – "
+    clients = " test acc, global model, mean over clients (`eval/global/client_acc_mean`) "
+    pooled = " test acc, global model, pooled (`eval/global/acc`) "
+    assert cells[clients] == " – " and cells[pooled] != " – "
     assert not (tmp_path / "r" / "report" / "client_acc_box.png").exists()  # nothing to draw
     assert "- per-client accuracy: not recorded by frl (no box plot)" in md
     assert "- `eval/global/client_acc_mean`: null/NaN in frl (– in the table)" in md
