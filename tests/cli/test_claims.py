@@ -190,8 +190,12 @@ def test_paper_tier_keeps_the_compared_terms_and_renumbers_the_relations():
     # (the other values are the small tier's sweep)
     assert "2" not in by_id
     nine = by_id["9"]
-    assert [t.setting for t in nine.terms] == ["shards-fedhenn", "shards-fedhenn-eta0"]
+    assert [t.setting for t in nine.terms][:2] == ["shards-fedhenn", "shards-fedhenn-eta0"]
     assert nine.relations == ((0, ">", 1),)
+    # the alignment measured over η0 and both layers: accuracy, distance and gradient ratio
+    measured = by_id["9a"]
+    assert len(measured.terms) == 2 * 6 * 3 and measured.relations == ()
+    assert "algorithm.align_layer=output" in settings["shards-fedhenn-out-eta10"].overrides
     # claim 4 (Table 1) on both of its splits: unimodal shards, and 4m on the multimodal one
     assert [t.setting for t in by_id["4"].terms] == ["shards-waffle", "shards-fedavg-wfc"]
     assert "experiment=waffle_mnist_unimodal" in settings["shards-waffle"].overrides

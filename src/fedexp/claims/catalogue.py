@@ -29,7 +29,11 @@ QUANTITY = {
     "privacy/mia_auc": "membership-inference attack on the uploads",
     "privacy/mia_acc": "membership-inference attack on the uploads",
     "comm/up_bits_total": "bits uploaded over the run",
+    "fedhenn/align_dist_last": "FedHeNN's alignment distance at the end of a round",
+    "fedhenn/grad_ratio": "FedHeNN's |η∇d| / |∇F|",
 }
+ALIGN_DIST = ("fedhenn/align_dist_last",)
+GRAD_RATIO = ("fedhenn/grad_ratio",)
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,8 @@ class Claim:
                 )
         if not self.section:
             raise ValueError(f"claim {self.id}: no section (where the paper states it)")
+        if self.quote and not self.relations:
+            raise ValueError(f"claim {self.id}: a quoted claim compares something")
 
 
 # digits (1,797 8x8 images), 20 clients of 2-class shards, 10 a round, MLP 200-200, SGD lr 0.05

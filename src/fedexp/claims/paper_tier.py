@@ -24,7 +24,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from fedexp.claims.catalogue import ACC_CLIENTS, ACC_PERSONAL, Claim, Setting, Term
+from fedexp.claims.catalogue import (
+    ACC_CLIENTS,
+    ACC_PERSONAL,
+    ALIGN_DIST,
+    GRAD_RATIO,
+    Claim,
+    Setting,
+    Term,
+)
 
 MNIST1D = ("dataset=mnist1d", "model=mlp")
 ATTACK20 = ("attack=frl_paper", "attack.fraction=0.2")
@@ -70,6 +78,32 @@ FEDHENN = (
     "eval_every=15",
 )
 RAD = ("algorithm.rad_size=200",)
+# FedHeNN's alignment, measured: η0 over its range at each layer it can align (the body's output,
+# the paper's text; the network's output, the authors' code)
+ETAS = ("0", "0.001", "0.01", "0.1", "1", "10")
+LAYERS = ("body", "output")
+
+
+def align_id(layer: str, eta: str) -> str:
+    """`shards-fedhenn` (body, η0 = 0.01), `shards-fedhenn-eta0`, `shards-fedhenn-out-eta1`..."""
+    layer_part = "" if layer == "body" else "-out"
+    eta_part = "" if eta == "0.01" else f"-eta{eta}"
+    return f"shards-fedhenn{layer_part}{eta_part}"
+
+
+def alignment_terms() -> tuple[Term, ...]:
+    """For each (layer, η0): personal accuracy, the distance at round end, the gradient ratio."""
+    terms = []
+    for layer in LAYERS:
+        for eta in ETAS:
+            sid, tag = align_id(layer, eta), f"{layer}, η0 = {eta}"
+            terms += [
+                Term(f"acc ({tag})", sid, ACC_PERSONAL),
+                Term(f"1 − CKA at round end ({tag})", sid, ALIGN_DIST, unit="fine"),
+                Term(f"|η∇d| / |∇F| ({tag})", sid, GRAD_RATIO, unit="fine"),
+            ]
+    return tuple(terms)
+
 
 _SETTINGS = [
     Setting("frl-clean", (*FRL, "algorithm=frl"), 200),
@@ -101,8 +135,21 @@ _SETTINGS = [
     ),
     Setting("mia-waffle", (*MIA, "algorithm=waffle"), 300),
     Setting("mia-fedavg", (*MIA, "algorithm=fedavg"), 120),
-    Setting("shards-fedhenn", (*FEDHENN, "algorithm=fedhenn", *RAD), 520),
-    Setting("shards-fedhenn-eta0", (*FEDHENN, "algorithm=fedhenn", *RAD, "algorithm.eta0=0"), 400),
+    *[
+        Setting(
+            align_id(layer, eta),
+            (
+                *FEDHENN,
+                "algorithm=fedhenn",
+                *RAD,
+                f"algorithm.eta0={eta}",
+                f"algorithm.align_layer={layer}",
+            ),
+            400 if eta == "0" else 520,
+        )
+        for layer in LAYERS
+        for eta in ETAS
+    ],  # fmt: skip
     Setting("shards-fedrep-fhc", (*FEDHENN, "algorithm=fedrep", "client=fedhenn"), 200),
     Setting("shards-fedprox-fhc", (*FEDHENN, "algorithm=fedprox", "client=fedhenn"), 220),
     Setting("shards-fedavg-fhc", (*FEDHENN, "algorithm=fedavg", "client=fedhenn"), 200),
@@ -128,6 +175,17 @@ EXTRA = (
         quote="WAFFLe’s local test performance outstripping the other methods by 18.8% and "
         "20.9% for unimodal and multimodal settings, respectively.",
         section="WAFFLe, Experiments: results (Table 1)",
+    ),
+    Claim(
+        "9a",
+        "fedhenn-alignment-measured",
+        "FedHeNN homogeneous: what the alignment term does, over η0 and the aligned layer",
+        "no figure: the paper reports accuracies only",
+        "personal accuracy, the distance d (1 − CKA on the round's RAD) the clients reach at the "
+        "end of a round, and |η∇d| / |∇F| there (cohort means, last evaluated round)",
+        alignment_terms(),
+        (),
+        section="the project's: a measurement of FedHeNN's alignment term",
     ),
 )
 

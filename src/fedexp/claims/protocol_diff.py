@@ -26,6 +26,8 @@ DEPARTURES = (
     "partition.server_pool=",
     "algorithm.rad_size=",
     "privacy.num_targets=",
+    "algorithm.eta0=",  # FedHeNN's η0 sweep: each value against the paper's
+    "algorithm.align_layer=",
 )
 # keys that change no number of a run, or that one data set's loader has and the other not
 QUIET = ("eval_every", "eval.", "objective")

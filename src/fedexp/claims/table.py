@@ -14,6 +14,8 @@ BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
 def fmt_value(value: float, unit: str) -> str:
     if unit == "bits":
         return f"{value / 1e6:.2f} Mbit"
+    if unit == "fine":  # distances and ratios far below 1
+        return f"{value:.4g}"
     return f"{value:.3f}"
 
 

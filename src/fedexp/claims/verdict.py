@@ -203,6 +203,8 @@ class Verdict:
     def text(self) -> str:
         if self.missing:
             return "n/a"
+        if not self.intervals:
+            return "measured (no comparison)"
         if any(v == "no" for v in self.verdicts):
             return "no"
         if self.verdicts and all(v == "yes" for v in self.verdicts):
@@ -220,8 +222,10 @@ class Verdict:
 
 
 def judge(measured: list[Measured], relations: tuple[tuple[int, str, int], ...]) -> Verdict:
-    """Each (i, op, j) as the paired interval of measured[i] − measured[j]."""
-    if any(m.missing for m in measured):
+    """Each (i, op, j) as the paired interval of measured[i] − measured[j]; n/a when a compared
+    term has no value (a term shown beside them does not void the verdict)."""
+    compared = {k for i, _, j in relations for k in (i, j)}
+    if any(measured[k].missing for k in compared):
         return Verdict([], missing=True)
     return Verdict([paired_interval(measured[i], measured[j], op) for i, op, j in relations])
 
