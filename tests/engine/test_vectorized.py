@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -12,6 +13,8 @@ from tests.conftest import REPO
 from torch import nn
 
 from fedexp.__main__ import find_conf
+from fedexp.algorithms import topk
+from fedexp.core.algorithm import flat_delta, flat_params, load_flat
 from fedexp.core.seeding import sample_clients
 from fedexp.core.types import ConfigError
 from fedexp.engine.executors.select import auto_executor
@@ -23,6 +26,15 @@ from fedexp.engine.executors.vectorized import (
 )
 from fedexp.engine.stacking import split_attrs
 from fedexp.run import Experiment
+from near_ties import (
+    CLEAR_SUPERMASK,
+    MASK_MARGIN,
+    MASKED,
+    Tolerance,
+    check_choices,
+    watch_choices,
+    watch_mask_margins,
+)
 
 # unequal client sizes (Dirichlet) and a batch that leaves short last batches
 TINY = [
@@ -57,38 +69,155 @@ STOCHASTIC = {"waffle"}
 VARIANTS = {
     "fedprox": ["algorithm.mu=0.5"],
     "fedrep": ["algorithm.head_epochs=2"],
+    # a supermask whose kept edges stay clear of ties (`near_ties.MASK_MARGIN`)
+    "frl": CLEAR_SUPERMASK,
+    "supermask_fedavg": CLEAR_SUPERMASK,
 }
 CASES = [[f"algorithm={a}", *VARIANTS.get(a, [])] for a in ALGORITHMS] + [
     ["algorithm=fedavg", "client.momentum=0.9", "client.weight_decay=0.01"],
 ]
 
 
+# how far the executors' floats may part: the vmap form trains with batched kernels whose
+# reduction order differs from the per-client ones (and from CPU to CPU). Discrete choices made
+# from such floats are compared on what they promise (`near_ties`).
+RTOL, ATOL = 1e-4, 1e-5
+TOLERANCE = Tolerance(RTOL, ATOL)
+
+
+# ---- TopK: what each upload promises ------------------------------------------------------------
+
+
+@dataclass
+class TopKState:
+    """A TopK client's state around one upload."""
+
+    raw: torch.Tensor  # the trained model minus the received one
+    residual: torch.Tensor | None  # what the client kept from its earlier rounds
+    kept: torch.Tensor  # the residual stored for its next round
+
+
+def watch_topk(monkeypatch) -> dict[tuple[int, int], TopKState]:
+    """Each TopK client's state around its uploads, under (client, its number of uploads before)."""
+    records: dict[tuple[int, int], TopKState] = {}
+    client_end = topk.TopK.client_end
+
+    def watched(self, module, client_id, payload, training):
+        key = (client_id, sum(c == client_id for c, _ in records))
+        raw = flat_delta(self.shared(module.model), payload.vector).clone()
+        residual = self.store.get(client_id)
+        residual = None if residual is None else residual.clone()
+        sent = client_end(self, module, client_id, payload, training)
+        records[key] = TopKState(raw, residual, self.store.get(client_id).clone())
+        return sent
+
+    monkeypatch.setattr(topk.TopK, "client_end", watched)
+    return records
+
+
+def check_topk_uploads(states: dict, choices: dict, fraction: float) -> None:
+    """What TopK promises of each upload, exactly (one run, one set of kernels): the
+    round(fraction * d) largest-|value| coordinates of the update, the update being the trained
+    delta plus the client's residual, and the residual what was not sent."""
+    assert states.keys() == {(c, v) for c, v, _ in choices}
+    for (client, visit), state in states.items():
+        choice = choices[client, visit, 0]
+        update, own, sent = choice.key, choice.own, choice.sent
+        d = update.numel()
+        chosen = torch.zeros(d, dtype=torch.bool)
+        chosen[own.indices] = True
+        assert len(own.indices) == round(fraction * d) == int(chosen.sum())
+        assert torch.equal(own.values, update[own.indices])
+        assert update.abs()[chosen].min() >= update.abs()[~chosen].max()  # by magnitude
+        if visit == 0:
+            assert state.residual is None and torch.equal(update, state.raw)
+        else:
+            assert torch.equal(state.residual, states[client, visit - 1].kept)
+            assert torch.equal(update, state.raw + state.residual)
+        chosen = torch.zeros(d, dtype=torch.bool)
+        chosen[sent.indices] = True
+        assert torch.equal(sent.values, update[sent.indices])
+        assert torch.equal(state.kept[chosen], torch.zeros(int(chosen.sum())))
+        assert torch.equal(state.kept[~chosen], update[~chosen])
+    assert any(visit > 0 for _, visit in states)  # error feedback is exercised
+
+
 @pytest.mark.parametrize("algorithm", CASES, ids=lambda c: "-".join(c).replace("algorithm=", ""))
-def test_vectorized_matches_sequential(tmp_path, algorithm):
+def test_vectorized_matches_sequential(tmp_path, monkeypatch, algorithm):
     # Prepare
+    name = algorithm[0].removeprefix("algorithm=")
     seq = experiment(tmp_path, "executor=sequential", *algorithm)
     cohort = sample_clients(0, 1, 6, 4)
     sizes = {seq.data.num_train(c) for c in cohort}
     assert len(sizes) > 1 and any(n % 16 for n in sizes)  # padding and masks are exercised
-    p_seq, m_seq = train(seq)
+    with monkeypatch.context() as watch:
+        choices = watch_choices(watch, name)
+        states = watch_topk(watch) if name == "topk" else None
+        margins = watch_mask_margins(watch) if name in MASKED else None
+        p_seq, m_seq = train(seq)
+    if margins is not None:
+        assert min(margins) > MASK_MARGIN  # the vectorized run keeps the same edges
+    if states is not None:
+        check_topk_uploads(states, choices, seq.algorithm.fraction)
     for stack in ("vmap", "loop"):
         vec = experiment(tmp_path, "executor=vectorized", f"executor.stack={stack}", *algorithm)
         assert isinstance(vec.executor, VectorizedExecutor) and vec.executor.stack == stack
         # Execute
-        p_vec, m_vec = train(vec)
+        with monkeypatch.context() as watch:
+            vec_choices = watch_choices(watch, name, choices)
+            vec_states = watch_topk(watch) if name == "topk" else None
+            p_vec, m_vec = train(vec)
         # Assert
         assert m_seq.keys() == m_vec.keys()
-        if algorithm[0].removeprefix("algorithm=") in STOCHASTIC:
+        if name in STOCHASTIC:
             assert all(math.isfinite(v) for v in m_vec.values() if isinstance(v, float))
             continue
+        replaced = check_choices(vec_choices, choices, TOLERANCE)
+        assert replaced == 0 or stack == "vmap"  # the loop form: the same floats
+        if vec_states is not None:
+            check_topk_uploads(vec_states, vec_choices, vec.algorithm.fraction)
         if p_seq is not None:
-            torch.testing.assert_close(p_vec, p_seq, rtol=1e-4, atol=1e-5)
-            if stack == "loop" and algorithm[0] != "algorithm=scaffold":
+            torch.testing.assert_close(p_vec, p_seq, rtol=RTOL, atol=ATOL)
+            if stack == "loop" and name != "scaffold":
                 # the loop form runs the sequential executor's operations on the same batches
                 # (SCAFFOLD's batched hooks compute its control variates stacked: ~1e-8)
                 assert torch.equal(p_vec, p_seq)
         for key, value in m_seq.items():
             assert m_vec[key] == pytest.approx(value, abs=1e-5), key
+
+
+def test_runs_that_part_on_a_near_tie_are_compared_on_the_reference_choice(tmp_path, monkeypatch):
+    # another CPU's kernels, emulated: the same run but for the first client's trained model,
+    # one weight of which moves by less than the executors' tolerance, enough that its delta's
+    # (k+1)-th largest magnitude now outranks the k-th: the two runs' own choices differ there
+    reference = experiment(tmp_path, "executor=sequential", "algorithm=topk")
+    with monkeypatch.context() as watch:
+        choices = watch_choices(watch, "topk")
+        p_ref, m_ref = train(reference)
+    other = experiment(tmp_path, "executor=sequential", "algorithm=topk")
+    records = watch_choices(monkeypatch, "topk", choices)
+    states = watch_topk(monkeypatch)
+    client_end, moved = topk.TopK.client_end, []
+
+    def near_tie(self, module, client_id, payload, training):
+        if not moved:
+            weights = flat_params(self.shared(module.model))
+            delta = weights - payload.vector
+            top = delta.abs().topk(round(self.fraction * len(delta)) + 1)
+            i, j = top.indices[-2:]
+            weights[j] = payload.vector[j] + delta[j].sign() * delta[i].abs() * (1 + 1e-4)
+            moved.append(float((weights[j] - payload.vector[j]).abs() - delta[j].abs()))
+            load_flat(self.shared(module.model), weights)
+        return client_end(self, module, client_id, payload, training)
+
+    monkeypatch.setattr(topk.TopK, "client_end", near_tie)
+    p_other, m_other = train(other)
+    assert 0 < moved[0] < ATOL
+    check_topk_uploads(states, records, other.algorithm.fraction)
+    assert check_choices(records, choices, TOLERANCE) == 1  # where the runs would have parted
+    torch.testing.assert_close(p_other, p_ref, rtol=RTOL, atol=ATOL)
+    for key, value in m_ref.items():
+        assert m_other[key] == pytest.approx(value, abs=1e-5), key
 
 
 def test_schedule_pads_short_batches_and_masks_finished_clients():
