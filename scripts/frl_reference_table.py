@@ -150,8 +150,8 @@ def render(results: dict[str, Any], text: str) -> str:
     rounds = setting["rounds"] * len(next(iter(sides.values()), {}))
     lines += [
         "",
-        f"Attacked rounds with half or more of the cohort malicious (of {rounds} per side; "
-        f"the re-draw leaves none): {counts}.",
+        f"Attacked rounds with half or more of the cohort malicious (of {rounds} per side, "
+        f"both re-drawing such cohorts): {counts}.",
         "",
     ]
     return "\n".join(lines)

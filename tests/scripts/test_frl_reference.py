@@ -137,7 +137,8 @@ def results_by_hand() -> dict:
 
 def test_tables_from_a_tiny_results_file_by_hand(tmp_path):
     path = tmp_path / "results.json"
-    path.write_text(json.dumps(results_by_hand()))
+    path.write_text(fr.dump(results_by_hand()))
+    assert json.loads(path.read_text()) == results_by_hand()
     assert fr.main(["--table-only", str(path), "--doc", str(tmp_path / "doc.md")]) == 0
     doc = (tmp_path / "doc.md").read_text()
     assert "| ref | 0.800 ± 0.100 | 0.600 ± 0.100 | **0.200 ± 0.100** |" in doc
@@ -148,7 +149,7 @@ def test_tables_from_a_tiny_results_file_by_hand(tmp_path):
     assert "| fx | drop, final round | 0.100 ± 0.100 | 1.73 | 0.225 | 2 of 3 |" in doc
     # clean accuracies: 0.0, −0.1, −0.2 (the reference lower)
     assert "| fx | clean accuracy, final round | -0.100 ± 0.100 | -1.73 | 0.225 | 0 of 3 |" in doc
-    assert "(of 6 per side; the re-draw leaves none): ref 3, fx 0." in doc  # 2 of 4 is half
+    assert "(of 6 per side, both re-drawing such cohorts): ref 3, fx 0." in doc  # 2 of 4: half
     assert "Seeds 0, 1, 2" in doc and "rounds 1 .. 2" in doc
 
 
