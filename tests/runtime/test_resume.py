@@ -285,3 +285,32 @@ def test_sigkill_mid_run_then_resume_gives_the_same_final_metrics(cli, lifecycle
     assert lifecycle.final(got) == lifecycle.final(ref)
     assert got["client_acc"] == ref["client_acc"]
     assert lifecycle.rows(run_dir) == lifecycle.rows(cli.cwd / "ref")
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "added"),
+    [("fedhenn", ("align_layer",)), ("frl", ("round_lr_decay", "local_lr_schedule"))],
+)
+def test_a_run_dir_saved_before_an_option_was_added_resumes(
+    compose_cfg, lifecycle, tmp_path, monkeypatch, capsys, algorithm, added
+):
+    from fedexp.runtime.fingerprint import config_hash
+
+    cfg, ref = reference(compose_cfg, lifecycle, tmp_path, f"algorithm={algorithm}")
+    run_dir = tmp_path / "stopped"
+    lifecycle.run(cfg, run_dir, callbacks=[lifecycle.SignalAfter(1, signal.SIGINT)])
+    # the run dir as a version without the options saved it: their keys absent
+    old = OmegaConf.create(OmegaConf.to_container(cfg))
+    for key in added:
+        del old.algorithm[key]
+    assert config_hash(old) == config_hash(cfg)  # at their old behaviour, they hash as absent
+    changed = OmegaConf.create(OmegaConf.to_container(cfg))
+    changed.algorithm[added[0]] = "output" if algorithm == "fedhenn" else 0.9
+    assert config_hash(changed) != config_hash(cfg)  # another value is another config
+    (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
+    (run_dir / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(old))
+    code, err = cli_main(monkeypatch, capsys, f"resume={run_dir}")
+    assert code == 0, err
+    resumed = json.loads((run_dir / "summary.json").read_text())
+    assert resumed["status"] == "completed" and resumed["resumed_from_round"] == 1
+    assert lifecycle.final(resumed) == lifecycle.final(ref)

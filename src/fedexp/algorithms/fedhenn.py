@@ -85,7 +85,7 @@ def fedhenn(
     weighting: str,
     server_lr: float,
     server_momentum: float,
-    align_layer: str = "body",
+    align_layer: str,
 ) -> Algorithm:
     """Build the FedHeNN variant named by `variant` (the `_target_` of algorithm=fedhenn)."""
     opts = AlignmentOptions(

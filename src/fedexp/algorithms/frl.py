@@ -124,8 +124,8 @@ class FRL(Algorithm):
         k: float,
         weight_init: str,
         rank_key: str,
-        round_lr_decay: float = 1.0,
-        local_lr_schedule: str = "constant",
+        round_lr_decay: float,
+        local_lr_schedule: str,
     ):
         super().__init__(ctx)
         if rank_key not in RANK_KEYS:

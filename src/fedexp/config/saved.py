@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from fedexp.config.build import labelled_choices
+from fedexp.core.summary import ADDED_KEYS
 from fedexp.errors import ConfigError
 
 RESUME_OVERRIDABLE = (
@@ -31,6 +32,19 @@ def read_yaml(path: Path, who: str = "resume") -> DictConfig:
     return cfg
 
 
+def add_new_keys(cfg: DictConfig) -> DictConfig:
+    """`cfg` with every `ADDED_KEYS` option its components lack, at its old behaviour (an
+    older run dir resumes and evaluates as it ran)."""
+    for group in ("algorithm",):
+        node = cfg.get(group)
+        target = node.get("_target_") if isinstance(node, DictConfig) else None
+        missing = {k: v for k, v in ADDED_KEYS.get(str(target), {}).items() if k not in node}
+        if missing:
+            with open_dict(cfg):
+                cfg[group] = OmegaConf.merge(node, missing)
+    return cfg
+
+
 def load_run_config(
     run_dir: str | Path, overrides: Sequence[str] = ()
 ) -> tuple[DictConfig, dict, str | None]:
@@ -44,7 +58,7 @@ def load_run_config(
     cfg_path = run_dir / ".hydra" / "config.yaml"
     if not cfg_path.exists():
         raise ConfigError(f"resume: {run_dir} is not a run dir (no .hydra/config.yaml)")
-    cfg = read_yaml(cfg_path)
+    cfg = add_new_keys(read_yaml(cfg_path))
     for override in overrides:
         key, _, value = override.lstrip("+~").partition("=")
         if key not in RESUME_OVERRIDABLE:

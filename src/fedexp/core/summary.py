@@ -7,6 +7,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+# options added to an algorithm after run dirs were saved without them, at the value that gives
+# the behaviour those runs had (their YAML default): `fedexp.config.saved.add_new_keys` gives an
+# older run's saved config the key, and the config hash leaves a key out while it holds that
+# value (`fedexp.runtime.fingerprint.stable_config`), so an older checkpoint still matches
+ADDED_KEYS: dict[str, dict[str, object]] = {
+    "fedexp.algorithms.fedhenn.fedhenn": {"align_layer": "body"},
+    "fedexp.algorithms.frl.FRL": {"round_lr_decay": 1.0, "local_lr_schedule": "constant"},
+}
+
+
 STATUSES = ("completed", "diverged", "interrupted", "pruned", "config_error", "failed")
 REFUSED = ("config_error", "failed")  # statuses whose summary holds only the error
 

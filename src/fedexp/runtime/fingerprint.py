@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from fedexp.core.summary import ADDED_KEYS
+
 # keys that may differ between a run and its resumption without changing any result
 VOLATILE_KEYS = ("resume", "progress", "progress_every_s", "device", "threads", "checkpoint_every")
 VOLATILE_KEYS += ("client_store",)
@@ -46,10 +48,23 @@ def stable_config(cfg: DictConfig | Mapping) -> dict:
         cfg = OmegaConf.to_container(cfg, resolve=True)
         _drop_copies(cfg, raw)
     stable = {k: v for k, v in cfg.items() if k not in VOLATILE_KEYS}
+    _drop_added_defaults(stable)
     paths = stable.get("paths")
     if isinstance(paths, dict):  # caches only: their content is keyed by what it holds
         stable["paths"] = {k: v for k, v in paths.items() if k != "cache_dir"}
     return stable
+
+
+def _drop_added_defaults(stable: dict) -> None:
+    """Leave out an option added since older run dirs were saved while it holds the value they
+    ran with (`ADDED_KEYS`): their checkpoints' hashes, taken without it, still match."""
+    node = stable.get("algorithm")
+    if not isinstance(node, dict):
+        return
+    added = ADDED_KEYS.get(str(node.get("_target_")), {})
+    dropped = {k: v for k, v in node.items() if not (k in added and added[k] == v)}
+    if len(dropped) != len(node):
+        stable["algorithm"] = dropped
 
 
 def _drop_copies(resolved: dict, raw: dict) -> None:
