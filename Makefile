@@ -44,10 +44,10 @@ smoke: install  ## tiny end-to-end runs through the CLI only
 bench: install  ## fedexp vs a plain PyTorch loop on a fixed FedAvg workload
 	$(BIN)/python scripts/bench.py
 
-claims: install  ## the papers' claims on small data, 3 seeds (~15 min); rewrites docs/CLAIMS.md's table
+claims: install  ## the papers' claims on small data, 5 seeds (~37 min on 2 cores); rewrites docs/CLAIMS.md's table
 	OMP_NUM_THREADS=1 $(BIN)/python -m fedexp.claims --jobs $(CLAIMS_JOBS) --update-doc docs/CLAIMS.md
 
-claims-paper: install  ## the claims at the papers' protocols on MNIST-1D, 2 seeds (~1 h); rewrites its table
+claims-paper: install  ## the claims at the papers' protocols on MNIST-1D, 3 seeds (~5 h, estimated); rewrites its table
 	OMP_NUM_THREADS=1 $(BIN)/python -m fedexp.claims --tier paper --jobs $(CLAIMS_JOBS) --update-doc docs/CLAIMS.md
 
 lint: install  ## ruff lint and format check; the package's import layers (import-linter)
