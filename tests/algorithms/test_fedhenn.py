@@ -363,7 +363,10 @@ def test_message_bits_by_hand():
         (("algorithm=fedhenn", "algorithm.rad_source=holdout"), "algorithm.rad_source"),
         (("algorithm=fedhenn", "algorithm.upload=representations"), "algorithm.upload"),
         ((*HETERO, "algorithm.upload=kernels"), "algorithm.upload"),
-        (("partition.server_pool=100000",), "partition.server_pool: 100000 >= the"),
+        (
+            ("partition.server_pool=100000", "partition.max_server_pool=null"),
+            "partition.server_pool: 100000 >= the",
+        ),
         (("partition.server_pool=-1",), "partition.server_pool"),
         (("algorithm=fedhenn", "algorithm.kernel=cosine"), "algorithm.kernel"),
         (("algorithm=fedhenn", "algorithm.eta_schedule=cosine"), "algorithm.eta_schedule"),

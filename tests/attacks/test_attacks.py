@@ -67,7 +67,11 @@ def test_apply_flags_and_corrupts_only_malicious_uploads():
     out = attack.apply(results_of([Weights(torch.ones(2))] * 3, ids), CTX)
     assert [r.upload.values.tolist() for r in out] == [[-1, -1], [1, 1], [-1, -1]]
     assert malicious_count(out) == 2
-    assert attack.round_metrics(out) == {"attack/fraction": 0.2, "attack/malicious_in_round": 2}
+    assert attack.round_metrics(out) == {
+        "attack/fraction": 0.2,
+        "attack/malicious_in_round": 2,
+        "attack/malicious_majority": 1,  # 2 of the 3 sampled clients
+    }
     assert NoAttack().round_metrics(out)["attack/fraction"] == 0.0
 
 

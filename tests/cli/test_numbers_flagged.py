@@ -64,3 +64,8 @@ def test_a_preset_sweep_is_labelled_by_the_swept_values_and_warns_per_group(
     report = (Path(tmp_path) / "sweep" / "report" / "report.md").read_text()
     assert "| algorithm=frl |" in report and "## Warnings" in report
     assert "- warning, algorithm=fedrep: FedRep: 1 head + 1 body epochs" in report
+    # losses beside accuracies: in the final table and as a figure
+    assert "test loss, global model, pooled (`eval/global/loss`)" in report
+    assert "test loss, personal models, mean over clients (`eval/personal/loss_mean`)" in report
+    assert "## Loss vs round" in report
+    assert (Path(tmp_path) / "sweep" / "report" / "loss_vs_round.png").exists()

@@ -46,7 +46,10 @@ BAD_CONFIGS: list[tuple[tuple[str, ...], str]] = [
     (("algorithm=fedhenn", "model=cnn_family"), "model: algorithm.variant=homogeneous needs one"),
     # FedHeNN's RAD comes from the server pool; no pool, or one as large as the training set
     (("algorithm=fedhenn", "partition.server_pool=0"), "partition.server_pool: 0, but algorithm"),
-    (("partition.server_pool=1500",), "partition.server_pool: 1500 >= the 1438 training samples"),
+    (
+        ("partition.server_pool=1500", "partition.max_server_pool=null"),  # smoke's cap: 16
+        "partition.server_pool: 1500 >= the 1438 training samples",
+    ),
     (("partition.server_pool=-1",), "partition.server_pool: must be >= 0"),
     (("attack=rank_reversal",), "attack: rank_reversal cannot target FedAvg"),
     (("algorithm=signsgd", "attack=scaling"), "attack: scaling cannot target SignSGD"),

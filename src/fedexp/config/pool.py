@@ -11,6 +11,8 @@ otherwise. A comparison of FedHeNN with other methods sets one explicit pool for
 
 from __future__ import annotations
 
+import logging
+
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -48,6 +50,9 @@ def resolve_server_pool(cfg: DictConfig) -> None:
     with open_dict(cfg):
         if has_cap:
             del cfg.partition["max_server_pool"]
-        if cap is not None and isinstance(pool, int):
-            pool = min(pool, int(cap))
+        if cap is not None and isinstance(pool, int) and pool > int(cap):
+            logging.getLogger(__name__).info(
+                "%s: %d capped at %d (%s, as debug=smoke sets it)", KEY, pool, int(cap), CAP
+            )
+            pool = int(cap)
         OmegaConf.update(cfg, KEY, pool, merge=False)

@@ -28,6 +28,7 @@ from fedexp.core.summary import RunSummary, metric_title
 from fedexp.report.missing import comm_total, left_out
 from fedexp.report.plots import (
     ACCURACY,
+    LOSS,
     _column,
     _save,
     curve,
@@ -71,6 +72,9 @@ FINAL = (
     "eval/personal/acc_mean",
     "eval/personal/acc_min",
     "eval/group/gap",
+    "eval/global/loss",
+    "eval/global/client_loss_mean",
+    "eval/personal/loss_mean",
     "privacy/mia_acc",
     "privacy/mia_auc",
     "privacy/mia_tpr@1%fpr",
@@ -401,6 +405,13 @@ def write_report(paths: Sequence[str | Path], out: str | Path, sharey: bool = Fa
             "acc_vs_round.png",
             plot_vs_round,
             (ACCURACY, "test accuracy", None, sharey),
+            band,
+        ),
+        (
+            "Loss vs round",
+            "loss_vs_round.png",
+            plot_vs_round,
+            (LOSS, "test loss (cross-entropy)", None, sharey),
             band,
         ),
         ("Final accuracy", "final_acc.png", plot_final_accuracy, (sharey,), bars),

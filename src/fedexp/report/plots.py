@@ -20,6 +20,10 @@ ACCURACY = {
     "eval/global/acc": "global model, pooled test set",
     "eval/personal/acc_mean": "personal models, mean over clients",
 }
+LOSS = {
+    "eval/global/loss": "global model, pooled test set",
+    "eval/personal/loss_mean": "personal models, mean over clients",
+}
 # single-round accuracies drawn as points: key -> panel title
 FINAL_ACCURACY = {
     "eval/global/acc": "global model, pooled test",
