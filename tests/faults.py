@@ -66,3 +66,21 @@ class FailingOs:
             return real(*args, **kwargs)
 
         return failing
+
+
+def cli(tmp_path, monkeypatch, capsys, *args: str) -> tuple[int, str]:
+    """`python -m fedexp args...` in this process, in `tmp_path` with its own caches and data:
+    (exit code, stderr)."""
+    from conftest import main_in_process
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FEDEXP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("FEDEXP_DATA_DIR", str(tmp_path / "data"))
+    return main_in_process(monkeypatch, capsys, *args)
+
+
+def one_line(err: str) -> str:
+    """The one line of an error output (asserted: one line, `fedexp: ...`)."""
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("fedexp: "), err
+    return lines[0]

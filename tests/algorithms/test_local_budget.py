@@ -97,8 +97,10 @@ def test_fedrep_warnings_name_a_part_that_never_trains():
     assert "heads never train" in build("fedrep", head_epochs=0).run_warnings(5)[0]
     assert "body never trains" in build("fedrep", head_epochs=2, body_epochs=0).run_warnings(5)[0]
     assert build("fedrep").run_warnings(5) == []  # auto at E = 3: 2 + 1 epochs
-    assert build("fedrep", head_epochs=4, body_epochs=2).run_warnings(5)[0].startswith(
-        "FedRep: 4 head + 2 body epochs a round, 6 in all"
+    assert (
+        build("fedrep", head_epochs=4, body_epochs=2)
+        .run_warnings(5)[0]
+        .startswith("FedRep: 4 head + 2 body epochs a round, 6 in all")
     )
 
 

@@ -48,7 +48,8 @@ def test_labels_are_short_unless_two_groups_would_clash(tmp_path):
     assert list(groups) == ["algorithm.mu=0.0187", "algorithm.mu=0.1"]  # in order of the value
     make_run(tmp_path, "2", 0.018741, 0, [0.5])
     groups, _ = group_runs(find_runs([tmp_path]))
-    assert list(groups) == ["algorithm.mu=0.018738", "algorithm.mu=0.018741", "algorithm.mu=0.1"]  # 6 digits tell them apart
+    # 6 digits tell them apart
+    assert list(groups) == ["algorithm.mu=0.018738", "algorithm.mu=0.018741", "algorithm.mu=0.1"]
 
 
 def test_a_group_has_one_colour_in_every_figure_and_legends_sit_outside(tmp_path, monkeypatch):

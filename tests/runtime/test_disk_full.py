@@ -13,7 +13,7 @@ import hydra.core.utils
 import pytest
 import torch
 
-from conftest import main_in_process
+from faults import cli, one_line
 from fedexp.errors import ConfigError
 from fedexp.runtime import checkpoint
 from fedexp.runtime import run_dir as rundir
@@ -21,19 +21,6 @@ from fedexp.runtime.checkpoint import CHECKPOINT_FILE
 
 SMOKE = ("debug=smoke", "rounds=3", "eval_every=1", "checkpoint_every=1")
 ENOSPC = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-
-def cli(tmp_path, monkeypatch, capsys, *args: str) -> tuple[int, str]:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("FEDEXP_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("FEDEXP_DATA_DIR", str(tmp_path / "data"))
-    return main_in_process(monkeypatch, capsys, *args)
-
-
-def one_line(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("fedexp: "), err
-    return lines[0]
 
 
 class FullDisk:

@@ -13,25 +13,12 @@ import pytest
 import torch
 
 import faults
-from conftest import main_in_process
+from faults import cli, one_line
 from fedexp.errors import ConfigError
 from fedexp.runtime import run_dir as rundir
 from fedexp.runtime.checkpoint import CHECKPOINT_FILE
 
 SMOKE = ("debug=smoke", "rounds=3", "eval_every=1", "checkpoint_every=1")
-
-
-def cli(tmp_path, monkeypatch, capsys, *args: str) -> tuple[int, str]:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("FEDEXP_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("FEDEXP_DATA_DIR", str(tmp_path / "data"))
-    return main_in_process(monkeypatch, capsys, *args)
-
-
-def one_line(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("fedexp: "), err
-    return lines[0]
 
 
 def test_a_run_dir_that_cannot_be_written_is_refused_in_one_line(tmp_path, monkeypatch):

@@ -208,6 +208,11 @@ HENN_BETTER = (
     "The results for comparisons of the personalised models are reported in Table 2 and the "
     "results demonstrate that the FedHeNN's performance is better than the baselines."
 )
+WAFFLE_TABLE1 = (
+    "WAFFLe’s local test performance outstripping the other methods by 18.8% and 20.9% for "
+    "unimodal and multimodal settings, respectively."
+)
+WAFFLE_RESULTS = "WAFFLe, Experiments: results (Table 1)"
 FRL_TABLE1 = (
     "for FEMNIST, 10% (20%) malicious clients reduce accuracy of the global model from 85.8% "
     "to 72.7% (56.2%) for Trimmed-Mean, and to 80.9% (23.7%) for Multi-krum, while FRL accuracy "
@@ -302,9 +307,8 @@ CLAIMS: tuple[Claim, ...] = (
             Term("FedAvg", "shards-fedavg-wfc", ACC_CLIENTS),
         ),
         ((0, ">", 1),),
-        quote="WAFFLe’s local test performance outstripping the other methods by 18.8% and "
-        "20.9% for unimodal and multimodal settings, respectively.",
-        section="WAFFLe, Experiments: results (Table 1)",
+        quote=WAFFLE_TABLE1,
+        section=WAFFLE_RESULTS,
     ),
     Claim(
         "5",

@@ -29,6 +29,8 @@ from fedexp.claims.catalogue import (
     ACC_PERSONAL,
     ALIGN_DIST,
     GRAD_RATIO,
+    WAFFLE_RESULTS,
+    WAFFLE_TABLE1,
     Claim,
     Setting,
     Term,
@@ -172,9 +174,8 @@ EXTRA = (
             Term("FedAvg", "multimodal-fedavg", ACC_CLIENTS),
         ),
         ((0, ">", 1),),
-        quote="WAFFLe’s local test performance outstripping the other methods by 18.8% and "
-        "20.9% for unimodal and multimodal settings, respectively.",
-        section="WAFFLe, Experiments: results (Table 1)",
+        quote=WAFFLE_TABLE1,
+        section=WAFFLE_RESULTS,
     ),
     Claim(
         "9a",
