@@ -25,7 +25,8 @@ from rich.table import Table
 from torch.utils._pytree import tree_map
 
 from fedexp.config.build import find_conf
-from fedexp.config.saved import read_yaml
+from fedexp.config.pool import resolve_server_pool
+from fedexp.config.saved import add_new_keys, read_yaml
 from fedexp.core.algorithm import PersonalBatch
 from fedexp.engine.eval.evaluate import evaluate
 from fedexp.errors import ConfigError
@@ -166,7 +167,7 @@ def run_config(run_dir: Path, overrides: list[str] = ()) -> tuple[DictConfig, st
     path = run_dir / ".hydra" / "config.yaml"
     if not path.is_file():
         raise ConfigError(f"{run_dir} is not a run dir (no .hydra/config.yaml)")
-    cfg = read_yaml(path, "evaluate")
+    cfg = add_new_keys(read_yaml(path, "evaluate"))  # an older run dir: options added since
     named = [o for o in overrides if o.partition("=")[0] == "dataset"]
     tag = []
     for override in named[-1:]:
@@ -193,6 +194,7 @@ def open_run(run_dir: str | Path, overrides: list[str] = ()):
 
     run_dir = Path(run_dir)
     cfg, dataset = run_config(run_dir, list(overrides))
+    resolve_server_pool(cfg)  # as the run resolved it before hashing its config
     saved = load_saved(run_dir)
     if dataset is None and saved["meta"].get("config_hash") != str(config_hash(cfg)):
         # e.g. under another FEDEXP_DATA_DIR; the weights are still checked against the model

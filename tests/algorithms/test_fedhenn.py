@@ -72,7 +72,7 @@ def run(exp: Experiment, algorithm=None) -> tuple[Orchestrator, Capture]:
 
 def options(**changes) -> AlignmentOptions:
     base = AlignmentOptions(
-        "linear", 1.0, "cka", 0.1, "constant", 50, 2.0, 8, "noise", "uniform", "weights"
+        "linear", 1.0, "cka", 0.1, "constant", 50, 2.0, 8, "noise", "uniform", "weights", "body"
     )
     return dataclasses.replace(base, **changes)
 

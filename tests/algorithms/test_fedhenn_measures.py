@@ -53,6 +53,7 @@ def options(**changes) -> AlignmentOptions:
         rad_source="noise",
         kernel_weighting="uniform",
         upload="weights",
+        align_layer="body",
     )
     return AlignmentOptions(**{**base, **changes})
 

@@ -412,4 +412,4 @@ def test_what_the_protocol_tier_changes_is_read_from_the_composed_configs():
     assert not [k for k in rows if k.endswith("data_dir")]  # no machine paths
     text = differences_markdown([PAPER["frl-clean"]], {"frl-clean": "6"})
     assert "| frl-clean (6) | `rounds` | 2000 | 150 |" in text
-    assert "lr·0.999 each round" in text  # what no config key holds, listed by hand
+    assert "lr·0.999 each round" in text  # what the preset does not set, listed by hand

@@ -52,7 +52,7 @@ def test_fedhenn_says_when_eta_is_zero_in_every_round(eta0, schedule, rounds, wa
     from fedexp.algorithms.fedhenn_alignment import AlignmentOptions
 
     opts = AlignmentOptions("linear", 1.0, "cka", eta0, schedule, 1, 0.5, 10, "server", "uniform",
-                            "weights")  # fmt: skip
+                            "weights", "body")  # fmt: skip
     lines = opts.zero_eta_warnings(rounds, "FedAvg")
     assert bool(lines) == warned
     if warned:

@@ -67,6 +67,21 @@ def test_star_leaves_out_the_label_the_owner_and_columns_without_numbers(tmp_pat
     assert owned.train_client_ids.tolist() == [0, 1, 2, 3, 0, 1]
 
 
+def test_star_leaves_out_an_empty_column_and_names_that_read_as_nan(tmp_path, caplog):
+    # `notes` is empty on every row; `name` holds "Nan" and "Ann", which no reader takes as data
+    lines = ["age,notes,name,diagnosis"]
+    lines += [f"{30 + i},,{'Nan' if i % 2 else 'Ann'},{'benign' if i % 3 else 'malignant'}"
+              for i in range(6)]  # fmt: skip
+    path = tmp_path / "people.csv"
+    path.write_text("\n".join(lines) + "\n")
+    with caplog.at_level(logging.INFO, logger="fedexp.data.hub_features"):
+        data = load_hf(path, tmp_path, feature_keys="*", label_key="diagnosis")
+    assert data.input_shape == (1,)  # age alone
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "1 feature columns (age)" in said
+    assert "notes (no numbers)" in said and "name (no numbers)" in said
+
+
 def test_star_keeps_a_column_of_numbers_with_a_bad_value_and_names_its_row(tmp_path):
     path = tmp_path / "t.csv"
     path.write_text("a,b,y\n1,2,0\nn/a,3,1\n")  # `a` holds numbers and one `n/a`

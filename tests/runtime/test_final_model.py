@@ -244,7 +244,21 @@ def test_the_evaluate_cli_reproduces_a_cli_run(cli):
         capture_output=True, text=True, env={**__import__("os").environ, **env}, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
+    # the saved config says server_pool: auto (and smoke's cap): resolved as the run did
+    assert "written for a config other" not in proc.stderr
     assert "eval/personal/acc_mean" in proc.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
     written = json.loads((run_dir / "evaluate" / "test.json").read_text())
     assert same(written["metrics"], test_metrics(summary["metrics"]))
+
+
+def test_a_run_dir_saved_before_an_option_was_added_is_evaluated(runs):
+    # FRL's lr options did not exist when older run dirs were saved: their configs lack them
+    run_dir, summary = runs("frl")
+    path = run_dir / ".hydra" / "config.yaml"
+    cfg = OmegaConf.load(path)
+    for key in ("round_lr_decay", "local_lr_schedule"):
+        del cfg.algorithm[key]
+    OmegaConf.save(cfg, path)
+    metrics, _ = evaluate_run(run_dir, "test")
+    assert same(metrics, test_metrics(summary["metrics"]))

@@ -314,3 +314,24 @@ def test_a_run_dir_saved_before_an_option_was_added_resumes(
     resumed = json.loads((run_dir / "summary.json").read_text())
     assert resumed["status"] == "completed" and resumed["resumed_from_round"] == 1
     assert lifecycle.final(resumed) == lifecycle.final(ref)
+
+
+@pytest.mark.parametrize(("local_epochs", "refused"), [(1, True), (2, False)])
+def test_a_fedrep_checkpoint_of_the_old_head_rule_resumes_only_where_it_trains_alike(
+    compose_cfg, lifecycle, tmp_path, monkeypatch, capsys, local_epochs, refused
+):
+    # checkpoints saved before FedRep recorded its phase epochs: head_epochs: auto was then
+    # E − body_epochs, 0 at E = 1 (the head gets 1 now), the same as now at E = 2
+    cfg = compose_cfg(*SHORT, "algorithm=fedrep", f"client.local_epochs={local_epochs}")
+    run_dir = tmp_path / "stopped"
+    save_hydra_config(cfg, run_dir)
+    lifecycle.run(cfg, run_dir, callbacks=[lifecycle.SignalAfter(1, signal.SIGINT)])
+    path = run_dir / CHECKPOINT_FILE
+    payload = torch.load(path, weights_only=True)
+    del payload["server"]["buffers"]["phase_epochs"]
+    save_checkpoint(path, {k: v for k, v in payload.items() if k != "checksum"})  # resealed
+    code, err = cli_main(monkeypatch, capsys, f"resume={run_dir}")
+    if refused:
+        assert code == 2 and "trained 0 head + 1 body epochs" in err and len(err.splitlines()) == 1
+    else:
+        assert code == 0, err

@@ -53,7 +53,7 @@ class AlignmentOptions:
     rad_source: str
     kernel_weighting: str
     upload: str
-    align_layer: str = "body"
+    align_layer: str
 
     def validate(self, variant: str, data) -> None:
         _check(variant in VARIANTS, "variant", f"must be one of {VARIANTS}, got {variant!r}")
@@ -253,7 +253,7 @@ def draw_rad(opts: AlignmentOptions, data, seed: int, round_idx: int) -> Rad:
 
 
 # ---- targets and the client term -----------------------------------------------------------------
-def representations(model: nn.Module, x: torch.Tensor, layer: str = "body") -> torch.Tensor:
+def representations(model: nn.Module, x: torch.Tensor, layer: str) -> torch.Tensor:
     """The representations aligned, an (L, d) matrix: Phi(x), the body's output (`body`, the
     penultimate layer the paper's text names), or the network's output, its logits (`output`:
     the authors' code, whose client unpacks `log_probs, layerout = net(images)` from models

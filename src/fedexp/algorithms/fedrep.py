@@ -107,6 +107,7 @@ class FedRep(FedAvg):
     ):
         epochs = phase_epochs(head_epochs, body_epochs, ctx.client.local_epochs)
         self.head_epochs, self.body_epochs = epochs
+        self._head_auto = head_epochs == "auto"
         super().__init__(ctx, **kwargs)
 
     def run_warnings(self, rounds: int) -> list[str]:
@@ -122,12 +123,31 @@ class FedRep(FedAvg):
     def init_state(self) -> ServerState:
         state = super().init_state()
         state.buffers["initial_head"] = flat_params(list(self.eval_model.head.parameters()))
+        if hasattr(self, "head_epochs"):  # FedPer (a subclass) trains in one phase
+            state.buffers["phase_epochs"] = torch.tensor([self.head_epochs, self.body_epochs])
         self.on_resume(state)
         return state
 
     def on_resume(self, state: ServerState) -> None:
         # the head a never-sampled client starts from is server state, kept in the buffers
         self._initial_head = state.buffers["initial_head"]
+        if hasattr(self, "head_epochs"):
+            self._check_phase_epochs(state.buffers.get("phase_epochs"))
+
+    def _check_phase_epochs(self, saved) -> None:
+        """A checkpoint continues only the round it was trained with: one saved before the
+        epochs were recorded had `head_epochs: auto` = E − body_epochs, 0 at E = body_epochs."""
+        if saved is None:
+            local = self.ctx.client.local_epochs
+            head = local - self.body_epochs if self._head_auto else self.head_epochs
+            saved = (head, self.body_epochs)
+        saved = tuple(int(x) for x in saved)
+        if saved != (self.head_epochs, self.body_epochs):
+            raise ConfigError(
+                f"resume: the checkpoint's FedRep rounds trained {saved[0]} head + {saved[1]} "
+                f"body epochs, this version's {self.head_epochs} + {self.body_epochs} "
+                "(head_epochs: auto no longer gives the head 0 epochs): start the run again"
+            )
 
     def _head(self, client_id: int):
         return self.store.get(client_id, self._initial_head)

@@ -3,8 +3,8 @@
 Each of the tier's settings is a paper preset (`experiment=...`, with the method's own options)
 plus the tier's departures (`DEPARTURES`: the data, the model, the rounds, the samples a client,
 ...). Both are composed (`settings_text.composed`); every key whose value differs is a row. What
-no config key holds (the metric a paper reports, the reference code's lr rules) is listed by
-hand in `UNCONFIGURED`.
+the presets do not set is listed by hand in `UNCONFIGURED`: the metric a paper reports, and the
+reference code's lr rules, which fedexp has as options but the paper presets leave off.
 """
 
 from __future__ import annotations
@@ -34,9 +34,10 @@ QUIET = ("eval_every", "eval.", "objective")
 # differences no config key holds: (the settings they concern, what the paper does, here)
 UNCONFIGURED = {
     "frl": [
-        ("the lr over rounds", "the reference code: lr·0.999 each round", "constant lr"),
+        ("the lr over rounds", "the reference code: lr·0.999 each round",
+         "constant (the preset's; `algorithm.round_lr_decay=0.999` gives the reference's)"),
         ("the lr within a round", "the reference code: cosine over the local epochs",
-         "constant lr"),
+         "constant (the preset's; `algorithm.local_lr_schedule=cosine` gives the reference's)"),
     ],
     "fedhenn": [
         ("the accuracy reported", "local test accuracy averaged over clients, every method",
@@ -108,5 +109,5 @@ def differences_markdown(settings: Sequence[Setting], claims_of: Mapping[str, st
         for what, paper, here in UNCONFIGURED.get(name, []):
             ids = [s.id for s in settings if family(s.id) == name]
             named = ", ".join(f"{sid} ({claims_of.get(sid, '?')})" for sid in ids)
-            lines.append(f"| {named} | {what} (no config key) | {paper} | {here} |")
+            lines.append(f"| {named} | {what} (not set by the preset) | {paper} | {here} |")
     return "\n".join(line.replace("\n", " ") for line in lines) + "\n"

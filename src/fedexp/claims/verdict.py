@@ -109,13 +109,15 @@ def measure(
     problems, values, finals = [], {}, {}
     for seed in seeds:
         got, last = {}, {}
-        for sid in settings:
+        seed_tails = [(tails or {}).get(sid, {}).get(seed, {}).get(key) for sid in settings]
+        # both sides over one window: the last 10 evaluations where every run has them, else
+        # the final round for all (a diverged attacked run has its last evaluation only)
+        use_tail = term.window == "last 10" and None not in seed_tails
+        for sid, tail in zip(settings, seed_tails):
             run = summaries.get(sid, {}).get(seed)
             status = "failed" if run is None else run.status
             if status == "completed":
                 last[sid] = float(run.metrics[key])
-                tail = (tails or {}).get(sid, {}).get(seed, {}).get(key)
-                use_tail = term.window == "last 10" and tail is not None
                 got[sid] = tail if use_tail else last[sid]
             elif status == "diverged" and term.clean and sid == term.setting:
                 got[sid] = last[sid] = collapse_value(run, key)

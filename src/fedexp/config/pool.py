@@ -16,6 +16,8 @@ import logging
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from fedexp.config.values import check_value
+
 KEY = "partition.server_pool"
 AUTO = "auto"
 
@@ -45,6 +47,8 @@ def resolve_server_pool(cfg: DictConfig) -> None:
     has_cap = "partition" in cfg and "max_server_pool" in cfg.partition
     if pool != AUTO and not has_cap:
         return
+    if has_cap and cap is not None:
+        check_value(CAP, cap, int, (">=", 0))
     if pool == AUTO:
         pool = pool_need(cfg)
     with open_dict(cfg):

@@ -10,6 +10,7 @@ its row, as any value of a listed column that is not a finite number.
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -45,13 +46,19 @@ def number(value: Any) -> bool:
     return True
 
 
+def _finite(value: Any) -> bool:
+    """A number that is not NaN or ±inf (`'nan'` in a name column is no number here)."""
+    return number(value) and math.isfinite(float(value))
+
+
 def _holds_numbers(split: Any, key: str) -> bool:
-    """Whether a column may be a feature: numbers or booleans by its type, or strings of which
-    at least one reads as a number (the others are then refused by `features`, naming them)."""
+    """Whether a column may be a feature: numbers or booleans by its type, or strings, of which
+    at least one is a finite number (the others are then refused by `features`, naming them);
+    a column with no finite value at all (empty, all NaN) is none."""
     dtype = getattr(split.features.get(key), "dtype", None)
-    if dtype in STRINGS:
-        return any(number(v) for v in split[key])
-    return isinstance(dtype, str) and dtype.startswith(("bool", "int", "uint", "float"))
+    if dtype in STRINGS or (isinstance(dtype, str) and dtype.startswith("float")):
+        return any(_finite(v) for v in split[key])
+    return isinstance(dtype, str) and dtype.startswith(("bool", "int", "uint"))
 
 
 def _shown(names: list[str]) -> str:

@@ -115,6 +115,12 @@ def run_warnings(c: Components, rounds: int) -> list[str]:
     """What changes what this run's numbers mean, one line each: the algorithm's settings
     (`Algorithm.run_warnings`), the attack's rounds, and classes no client trains on."""
     lines = [*c.algorithm.run_warnings(c.cfg.rounds), *c.attack.run_warnings(rounds)]
+    asked, clients = int(c.cfg.clients_per_round), c.data.num_clients
+    if asked > clients:  # a natural split with fewer owners: every client, every round
+        lines.append(
+            f"clients_per_round={asked} asked, but the split has {clients} clients: every round "
+            f"samples all {clients} (a robust aggregator's trimming is sized for {clients})"
+        )
     ceiling = getattr(c.data, "coverage", {}).get("data/test_accuracy_ceiling")
     if ceiling is not None and ceiling < 1:
         lines.append(
