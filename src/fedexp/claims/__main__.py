@@ -40,7 +40,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         default="small",
         choices=TIERS,
         help="small: the bundled digits, minutes (default); paper: the papers' protocols on "
-        "MNIST-1D, about 5 hours on 2 cores with --jobs 2",
+        "MNIST-1D, about 75 minutes on 2 cores with --jobs 2",
     )
     parser.add_argument(
         "--seeds", type=int, default=None, help="seeds 0..N-1 per setting (small 3, paper 2)"
