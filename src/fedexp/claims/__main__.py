@@ -292,7 +292,7 @@ def vary_markdown(argv, args, tables: list[tuple[str, dict]], wall: float) -> st
         f"{_commit()}: {args.tier} tier, seeds 0..{args.seeds - 1}, {len(tables)} values of "
         f"`{key}` in {minutes} min {seconds} s.",
         "",
-        f"| claim | `{key}` | measured (mean ± std over seeds) | holds in direction? |",
+        f"| claim | `{key}` | measured (mean ± std over seeds) | verdict: paired Δ [95 % CI] |",
         "| --- | --- | --- | --- |",
     ]
     for extra, record in tables:
