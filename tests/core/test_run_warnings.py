@@ -19,6 +19,7 @@ def cohort(*ids: int) -> list[ClientResult]:
 def attack_with(malicious: set[int]) -> SignFlip:
     attack = SignFlip(0.2, False)
     attack.malicious = frozenset(malicious)
+    attack.realised_fraction = 0.2  # as set up on 15 clients: 3 of them
     return attack
 
 
@@ -53,7 +54,7 @@ def test_fedhenn_says_when_eta_is_zero_in_every_round(eta0, schedule, rounds, wa
 
     opts = AlignmentOptions("linear", 1.0, "cka", eta0, schedule, 1, 0.5, 10, "server", "uniform",
                             "weights", "body")  # fmt: skip
-    lines = opts.zero_eta_warnings(rounds, "FedAvg")
+    lines = opts.run_warnings(rounds, "FedAvg")
     assert bool(lines) == warned
     if warned:
         assert f"η(t) = 0 in all {rounds} rounds" in lines[0] and "this run is FedAvg" in lines[0]
@@ -104,3 +105,19 @@ def test_the_final_table_shows_warnings_data_held_and_the_round_of_its_metrics(c
     assert "86.1% (60.3% in training splits)" in out
     assert "200 samples" in out
     assert "warning: 7 of 12 rounds had a malicious majority" in out
+
+
+def test_a_fraction_that_int_rounds_down_and_a_shared_rad_are_warnings():
+    from types import SimpleNamespace
+
+    from fedexp.algorithms.fedhenn_alignment import AlignmentOptions
+
+    attack = SignFlip(0.25, False)
+    attack.setup(SimpleNamespace(seed=0), 10)  # int(0.25 * 10) = 2 malicious: 0.2
+    (line,) = attack.run_warnings(5)
+    assert line == "attack.fraction=0.25 makes 2 malicious clients, a realised fraction of 0.2"
+    attack.setup(SimpleNamespace(seed=0), 20)  # 5 of 20: as asked
+    assert attack.run_warnings(5) == []
+    shared = AlignmentOptions("linear", 1.0, "cka", 0.01, "sqrt", 1, 0.5, 10, "train", "uniform",
+                              "weights", "body")  # fmt: skip
+    assert "rad_source=train" in shared.run_warnings(5, "FedAvg")[0]

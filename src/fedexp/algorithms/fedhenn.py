@@ -181,7 +181,7 @@ class FedHeNNHomogeneous(FedAvg):
         return state, {**metrics, "fedhenn/eta": eta, **measured_metrics(results, eta)}
 
     def run_warnings(self, rounds: int) -> list[str]:
-        return self.opts.zero_eta_warnings(rounds, "FedAvg")
+        return self.opts.run_warnings(rounds, "FedAvg")
 
     def personal_model(self, state: ServerState, client_id: int) -> nn.Module | None:
         # a client never sampled has no local model yet: it would start from the global one

@@ -131,11 +131,17 @@ class AlignmentOptions:
         }[self.eta_schedule]
         return self.eta0 * factor
 
-    def zero_eta_warnings(self, rounds: int, without: str) -> list[str]:
-        """One line when η(t) is 0 in every round of the run: the alignment is never on, and
-        the run is `without` (FedAvg, isolated local training)."""
+    def run_warnings(self, rounds: int, without: str) -> list[str]:
+        """The run's warnings: η(t) 0 in every round (the alignment never on: the run is
+        `without`, FedAvg or isolated local training), or a RAD of the clients' own inputs."""
         if any(self.eta(t) != 0 for t in range(1, rounds + 1)):
-            return []
+            if self.rad_source != "train":
+                return []
+            return [
+                "FedHeNN: algorithm.rad_source=train: each round's RAD is clients' raw training "
+                "inputs sent to every sampled client (the authors' shortcut; the paper shares no "
+                "client data)"
+            ]
         return [
             f"FedHeNN: η(t) = 0 in all {rounds} rounds (algorithm.eta0={self.eta0:g}, "
             f"eta_schedule={self.eta_schedule}): no alignment, this run is {without}"

@@ -194,4 +194,4 @@ class FedHeNNHeterogeneous(Algorithm):
         return out
 
     def run_warnings(self, rounds: int) -> list[str]:
-        return self.opts.zero_eta_warnings(rounds, "isolated local training")
+        return self.opts.run_warnings(rounds, "isolated local training")

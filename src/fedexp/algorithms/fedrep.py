@@ -14,7 +14,6 @@ metrics are reported.
 
 from __future__ import annotations
 
-import logging
 from typing import Literal
 
 import torch
@@ -33,8 +32,6 @@ from fedexp.core.cohort import CohortStart, flat_rows
 from fedexp.core.local import ClientConfig, LocalTraining
 from fedexp.core.types import ConfigError, Message, ServerState
 from fedexp.core.user_module import check_head_body
-
-log = logging.getLogger(__name__)
 
 
 class RepModule(ClientModule):

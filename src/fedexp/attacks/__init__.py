@@ -192,12 +192,18 @@ class Attack(NoAttack):
         return metrics
 
     def run_warnings(self, rounds: int) -> list[str]:
-        if not self.majority_rounds:
-            return []
-        return [
-            f"{self.majority_rounds} of {rounds} rounds had a malicious majority (half or more "
-            "of the cohort): attack.redraw_majority=true re-draws such cohorts"
-        ]
+        lines = []
+        if abs(self.realised_fraction - self.fraction) > 1e-9:  # int(): fewer attackers
+            lines.append(
+                f"attack.fraction={self.fraction} makes {len(self.malicious)} malicious clients, "
+                f"a realised fraction of {self.realised_fraction:.4g}"
+            )
+        if self.majority_rounds:
+            lines.append(
+                f"{self.majority_rounds} of {rounds} rounds had a malicious majority (half or "
+                "more of the cohort): attack.redraw_majority=true re-draws such cohorts"
+            )
+        return lines
 
     def state_dict(self) -> dict:
         return {"majority_rounds": self.majority_rounds}
