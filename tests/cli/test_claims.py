@@ -186,16 +186,21 @@ def test_paper_tier_keeps_the_compared_terms_and_renumbers_the_relations():
     by_id = {c.id: c for c in claims}
     # claim 7 (the ledger's identity) needs FedAvg's clean run, which the tier does not define
     assert "7" not in by_id and {"1", "4", "6", "8", "9", "10"} <= set(by_id)
-    # claim 2 (heterogeneous clients) is the small tier's alone; claim 9 keeps η0 = 0.01 and 0
-    # (the other values are the small tier's sweep)
-    assert "2" not in by_id
-    nine = by_id["9"]
-    assert [t.setting for t in nine.terms][:2] == ["shards-fedhenn", "shards-fedhenn-eta0"]
-    assert nine.relations == ((0, ">", 1),)
-    # the alignment measured over η0 and both layers: accuracy, distance and gradient ratio
-    measured = by_id["9a"]
-    assert len(measured.terms) == 2 * 6 * 3 and measured.relations == ()
-    assert "algorithm.align_layer=output" in settings["shards-fedhenn-out-eta10"].overrides
+    # claims 2 (heterogeneous clients) and 9 (homogeneous) compare η0 = 0.01 with 0
+    for cid, sid in (("2", "shards-fedhenn-het"), ("9", "shards-fedhenn")):
+        claim = by_id[cid]
+        assert [t.setting for t in claim.terms][:2] == [sid, f"{sid}-eta0"]
+        assert claim.relations == ((0, ">", 1),)
+    assert "model=mlp_family" in settings["shards-fedhenn-het"].overrides
+    assert "model=mlp" in settings["shards-fedhenn"].overrides
+    # the alignment measured over η0 and both layers: accuracy, distance and gradient ratio,
+    # for homogeneous (9a) and heterogeneous (2a) clients
+    for cid, sid in (("2a", "shards-fedhenn-het"), ("9a", "shards-fedhenn")):
+        measured = by_id[cid]
+        assert len(measured.terms) == 2 * 6 * 3 and measured.relations == ()
+        assert {t.setting for t in measured.terms} >= {sid, f"{sid}-out-eta10"}
+        assert "algorithm.align_layer=output" in settings[f"{sid}-out-eta10"].overrides
+        assert "algorithm.eta0=10" in settings[f"{sid}-out-eta10"].overrides
     # claim 4 (Table 1) on both of its splits: unimodal shards, and 4m on the multimodal one
     assert [t.setting for t in by_id["4"].terms] == ["shards-waffle", "shards-fedavg-wfc"]
     assert "experiment=waffle_mnist_unimodal" in settings["shards-waffle"].overrides

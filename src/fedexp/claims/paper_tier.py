@@ -12,9 +12,11 @@ and the number of rounds (fewer than the papers'; each setting says how many):
 - WAFFLe (claims 3, 4, 4m, 5): the unimodal split (100 clients of 2-class shards) and the
   multimodal split of 100 majority : 20 minority clients, C = 0.1, E = 5, B = 10, T = 100 for
   the gap (claim 3); the MIA on 40 iid clients with enough epochs over few samples to overfit.
-- FedHeNN (claims 1, 1b, 9): 100 clients of 5-class shards, 10 % a round, E = 20, the authors'
-  local training, the RAD drawn from a server pool. Claim 2 (heterogeneous clients) holds at the
-  small tier and stays there with its η0 sweep: a heterogeneous pair here costs ~30 min.
+- FedHeNN (claims 1, 1b, 2, 9): 100 clients of 5-class shards, 10 % a round, E = 20, the
+  authors' local training, the RAD drawn from a server pool; claim 2's heterogeneous clients
+  each get one of 5 MLPs of 1 to 3 hidden layers (`model=mlp_family`), the paper's CNN family
+  on flat inputs. Claims 2 and 9 run η0 over {0, 0.001, 0.01, 0.1, 1, 10} at both layers FedHeNN
+  can align (rows 2a and 9a measure what the term does).
 
 A claim keeps the terms whose settings the tier defines; one whose compared terms are not all
 defined is not in the tier.
@@ -79,6 +81,16 @@ FEDHENN = (
     "rounds=30",
     "eval_every=15",
 )
+# claim 2: the same population and protocol, each client's MLP drawn from a family of 5
+FEDHENN_HET = (
+    "experiment=fedhenn_cifar10_heterogeneous",
+    "dataset=mnist1d",
+    "model=mlp_family",
+    "dataset.num_samples=10000",
+    "partition.server_pool=1000",
+    "rounds=30",
+    "eval_every=15",
+)
 RAD = ("algorithm.rad_size=200",)
 # FedHeNN's alignment, measured: η0 over its range at each layer it can align (the body's output,
 # the paper's text; the network's output, the authors' code)
@@ -86,19 +98,20 @@ ETAS = ("0", "0.001", "0.01", "0.1", "1", "10")
 LAYERS = ("body", "output")
 
 
-def align_id(layer: str, eta: str) -> str:
-    """`shards-fedhenn` (body, η0 = 0.01), `shards-fedhenn-eta0`, `shards-fedhenn-out-eta1`..."""
+def align_id(layer: str, eta: str, prefix: str = "shards-fedhenn") -> str:
+    """`shards-fedhenn` (body, η0 = 0.01), `shards-fedhenn-eta0`, `shards-fedhenn-out-eta1`,
+    `shards-fedhenn-het-out-eta10`..."""
     layer_part = "" if layer == "body" else "-out"
     eta_part = "" if eta == "0.01" else f"-eta{eta}"
-    return f"shards-fedhenn{layer_part}{eta_part}"
+    return f"{prefix}{layer_part}{eta_part}"
 
 
-def alignment_terms() -> tuple[Term, ...]:
+def alignment_terms(prefix: str = "shards-fedhenn") -> tuple[Term, ...]:
     """For each (layer, η0): personal accuracy, the distance at round end, the gradient ratio."""
     terms = []
     for layer in LAYERS:
         for eta in ETAS:
-            sid, tag = align_id(layer, eta), f"{layer}, η0 = {eta}"
+            sid, tag = align_id(layer, eta, prefix), f"{layer}, η0 = {eta}"
             terms += [
                 Term(f"acc ({tag})", sid, ACC_PERSONAL),
                 Term(f"1 − CKA at round end ({tag})", sid, ALIGN_DIST, unit="fine"),
@@ -152,6 +165,21 @@ _SETTINGS = [
         for layer in LAYERS
         for eta in ETAS
     ],  # fmt: skip
+    *[
+        Setting(
+            align_id(layer, eta, "shards-fedhenn-het"),
+            (
+                *FEDHENN_HET,
+                "algorithm=fedhenn",
+                *RAD,
+                f"algorithm.eta0={eta}",
+                f"algorithm.align_layer={layer}",
+            ),
+            60 if eta == "0" else 330,
+        )
+        for layer in LAYERS
+        for eta in ETAS
+    ],  # fmt: skip
     Setting("shards-fedrep-fhc", (*FEDHENN, "algorithm=fedrep", "client=fedhenn"), 200),
     Setting("shards-fedprox-fhc", (*FEDHENN, "algorithm=fedprox", "client=fedhenn"), 220),
     Setting("shards-fedavg-fhc", (*FEDHENN, "algorithm=fedavg", "client=fedhenn"), 200),
@@ -177,16 +205,22 @@ EXTRA = (
         quote=WAFFLE_TABLE1,
         section=WAFFLE_RESULTS,
     ),
-    Claim(
-        "9a",
-        "fedhenn-alignment-measured",
-        "FedHeNN homogeneous: what the alignment term does, over η0 and the aligned layer",
-        "no figure: the paper reports accuracies only",
-        "personal accuracy, the distance d (1 − CKA on the round's RAD) the clients reach at the "
-        "end of a round, and |η∇d| / |∇F| there (cohort means, last evaluated round)",
-        alignment_terms(),
-        (),
-        section="the project's: a measurement of FedHeNN's alignment term",
+    *(
+        Claim(
+            f"{claim}a",
+            f"fedhenn-{variant}-alignment-measured",
+            f"FedHeNN {variant}: what the alignment term does, over η0 and the aligned layer",
+            "no figure: the paper reports accuracies only",
+            "personal accuracy, the distance d (1 − CKA on the round's RAD) the clients reach at "
+            "the end of a round, and |η∇d| / |∇F| there (cohort means, last evaluated round)",
+            alignment_terms(prefix),
+            (),
+            section="the project's: a measurement of FedHeNN's alignment term",
+        )
+        for claim, variant, prefix in (
+            ("2", "heterogeneous", "shards-fedhenn-het"),
+            ("9", "homogeneous", "shards-fedhenn"),
+        )
     ),
 )
 
