@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -281,7 +282,17 @@ def test_cheapest_claim_end_to_end(tmp_path):
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert again.returncode == 0 and again.stdout.count("| reused |") == 6
-    assert "6 runs reused from an earlier check (their time not counted)" in again.stdout
+    # their own time counted apart, from their summaries
+    own = sum(
+        json.loads(p.read_text())["timing"]["wall_time_s"]
+        for p in (out / "runs").glob("*/seed*/summary.json")
+    )
+    shown = re.search(
+        r"6 runs reused from an earlier check \(their own time, from their summaries: "
+        r"(\d+) min (\d+) s of run time",
+        again.stdout,
+    )
+    assert shown and abs(int(shown[1]) * 60 + int(shown[2]) - own) <= 1
 
 
 def test_settings_text_is_read_from_the_runs_configs():

@@ -167,7 +167,15 @@ def header(argv, args, seeds, results: dict[str, SettingResult], wall: float) ->
         f"{_duration(wall)} of wall time with {args.jobs} job(s)"
     )
     if reused:
-        ran += f"; {reused} runs reused from an earlier check (their time not counted)"
+        own = [r.summary.timing.wall_time_s for r in records if r.reused and r.summary]
+        own = [s for s in own if isinstance(s, (int, float))]
+        ran += f"; {reused} runs reused from an earlier check"
+        ran += (
+            f" (their own time, from their summaries: {_duration(sum(own))} of run time,"
+            " CLI start-up not included)"
+            if len(own) == reused
+            else " (their time not counted)"
+        )
     return (
         f"`{' '.join(['python -m fedexp.claims', *shown_argv(argv, args)])}` — "
         f"{datetime.now():%Y-%m-%d}, commit {_commit()}: seeds {', '.join(map(str, seeds))}; "
