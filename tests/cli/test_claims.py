@@ -429,3 +429,30 @@ def test_what_the_protocol_tier_changes_is_read_from_the_composed_configs():
     text = differences_markdown([PAPER["frl-clean"]], {"frl-clean": "6"})
     assert "| frl-clean (6) | `rounds` | 2000 | 150 |" in text
     assert "lr·0.999 each round" in text  # what the preset does not set, listed by hand
+
+
+def test_a_measurement_row_is_tabulated_term_by_term():
+    from fedexp.claims.catalogue import Claim
+    from fedexp.claims.table import grid_tables
+
+    terms = tuple(
+        Term(f"{q} ({layer}, η0 = {eta})", f"s-{layer}-{eta}", (q,), unit=unit)
+        for layer in ("body", "output")
+        for eta in ("0", "1")
+        for q, unit in (("acc", "acc"), ("dist", "fine"))
+    )
+    claim = Claim("9a", "m", "what the term does", "none", "note", terms, (), section="s")
+    values = [0.5, 0.01, 0.6, 0.001, 0.5, 0.02, 0.7, 0.002]
+    measured = [Measured(t.label, t.keys[0], {0: v, 1: v + 0.1}) for t, v in zip(terms, values)]
+    measured[7] = Measured(terms[7].label, None, missing="run failed")
+    text = grid_tables([claim], {"9a": measured})
+    lines = text.splitlines()
+    assert lines[2:4] == ["| | acc | dist |", "| --- | --- | --- |"]
+    # one line a (layer, η0), the quantities in columns: mean ± std over the two seeds
+    assert lines[4] == "| body, η0 = 0 | 0.550 ± 0.071 | 0.06 ± 0.07071 |"
+    assert lines[6] == "| output, η0 = 0 | 0.550 ± 0.071 | 0.07 ± 0.07071 |"
+    assert lines[7] == "| output, η0 = 1 | 0.750 ± 0.071 | n/a |"
+    # a claim that compares something has no such table
+    pair = (terms[0], terms[2])
+    compared = Claim("1", "c", "A > B", "p", "n", pair, ((0, ">", 1),), section="s")
+    assert grid_tables([compared], {"1": [measured[0], measured[2]]}) == ""

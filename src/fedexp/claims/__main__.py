@@ -22,7 +22,7 @@ from fedexp.claims.settings_text import (
     common_values,
     setting_configs,
 )
-from fedexp.claims.table import claim_json, markdown, row, update_doc
+from fedexp.claims.table import claim_json, grid_tables, markdown, row, update_doc
 from fedexp.claims.tiers import DEFAULT_SEEDS, TIERS, tier
 from fedexp.claims.verdict import Tails, evaluate, tail_means
 from fedexp.core.types import ConfigError
@@ -122,14 +122,21 @@ def _commit() -> str:
 
 
 def timing_line(results: dict[str, SettingResult]) -> str:
-    """Mean seconds per run of each setting (start-up included; reused runs left out)."""
+    """Mean seconds per run of each setting: of the runs this check made (CLI start-up
+    included), else of the reused runs (their summaries' own time, `reused` beside it)."""
     parts = []
     for sid, result in results.items():
-        fresh = [r.run_s for r in result.runs.values() if not r.reused and r.status == "completed"]
+        done = [r for r in result.runs.values() if r.status == "completed"]
+        fresh = [r.run_s for r in done if not r.reused]
+        own = [r.summary.timing.wall_time_s for r in done if r.reused and r.summary]
+        own = [s for s in own if isinstance(s, (int, float))]
         if fresh:
             parts.append(f"{sid} {sum(fresh) / len(fresh):.0f} s")
-    return "Seconds per run (mean over seeds, CLI start-up included): " + (
-        ", ".join(parts) or "all runs reused"
+        elif own:
+            parts.append(f"{sid} {sum(own) / len(own):.0f} s reused")
+    return (
+        "Seconds per run (mean over seeds; CLI start-up included, except for `reused` runs, "
+        "timed by their own summaries): " + (", ".join(parts) or "none completed")
     )
 
 
@@ -318,10 +325,10 @@ def check(argv, args, claims, known, users, out: Path) -> int:
     out.mkdir(parents=True, exist_ok=True)
     settings = [known[sid] for sid in users]
     seeds = list(range(args.seeds))
-    runs = len(settings) * len(seeds)
     print(
         f"fedexp.claims ({args.tier} tier): {len(claims)} claims, {len(settings)} settings × "
-        f"{len(seeds)} seeds = {runs} runs, {args.jobs} at a time; out: {out}",
+        f"{len(seeds)} seeds = {len(settings) * len(seeds)} runs, {args.jobs} at a time; "
+        f"out: {out}",
         flush=True,
     )
     labels = {sid: ",".join(ids) for sid, ids in users.items()}
@@ -334,29 +341,7 @@ def check(argv, args, claims, known, users, out: Path) -> int:
         )
         return 130
     wall = time.perf_counter() - start
-    summaries = {
-        sid: {s: r.summary for s, r in res.runs.items() if r.summary is not None}
-        for sid, res in results.items()
-    }
-    tails = run_tails(results, claims)
-    common = common_values(setting_configs(list(users), known, summaries))
-    rows, entries, undecided = [], [], []
-    for claim in claims:
-        measured, verdict = evaluate(claim, summaries, seeds, tails)
-        if verdict.text() == "n/a":
-            undecided.append(claim.id)
-        setting = claim_setting_text(claim, known, summaries, common)
-        rows.append(row(claim, measured, verdict, setting))
-        entries.append(claim_json(claim, measured, verdict, setting))
-    head = header(argv, args, seeds, results, wall)
-    head += f"\n\nEvery setting of this table has: {common_text(common)}."
-    text = markdown(rows, head, timing_line(results))
-    if args.tier == "paper":
-        text += (
-            "\nWhat differs from the papers' protocols, every key whose composed value differs "
-            "between a setting and its paper preset (generated from the configs):\n\n"
-            + differences_markdown(settings, labels)
-        )
+    text, entries, undecided = tabulate(argv, args, claims, known, users, results, wall)
     (out / "claims.md").write_text(text)
     record = {
         "command": ["python", "-m", "fedexp.claims", *argv],
@@ -372,6 +357,46 @@ def check(argv, args, claims, known, users, out: Path) -> int:
     if args.update_doc:
         update_doc(Path(args.update_doc), text, args.tier)
     print(text)
+    return report_failures(results, undecided, out)
+
+
+def tabulate(argv, args, claims, known, users, results, wall: float):
+    """claims.md's text, claims.json's claim entries and the ids of the claims without a
+    verdict, from the runs' results."""
+    seeds = list(range(args.seeds))
+    summaries = {
+        sid: {s: r.summary for s, r in res.runs.items() if r.summary is not None}
+        for sid, res in results.items()
+    }
+    tails = run_tails(results, claims)
+    common = common_values(setting_configs(list(users), known, summaries))
+    rows, entries, undecided, measures = [], [], [], {}
+    for claim in claims:
+        measured, verdict = evaluate(claim, summaries, seeds, tails)
+        measures[claim.id] = measured
+        if verdict.text() == "n/a":
+            undecided.append(claim.id)
+        setting = claim_setting_text(claim, known, summaries, common)
+        rows.append(row(claim, measured, verdict, setting))
+        entries.append(claim_json(claim, measured, verdict, setting))
+    head = header(argv, args, seeds, results, wall)
+    head += f"\n\nEvery setting of this table has: {common_text(common)}."
+    text = markdown(rows, head, timing_line(results))
+    grids = grid_tables(claims, measures)
+    if grids:
+        text += "\nThe measurement rows, term by term:\n\n" + grids
+    if args.tier == "paper":
+        labels = {sid: ",".join(ids) for sid, ids in users.items()}
+        text += (
+            "\nWhat differs from the papers' protocols, every key whose composed value differs "
+            "between a setting and its paper preset (generated from the configs):\n\n"
+            + differences_markdown([known[sid] for sid in users], labels)
+        )
+    return text, entries, undecided
+
+
+def report_failures(results: dict[str, SettingResult], undecided: list[str], out: Path) -> int:
+    """Name the failed settings and the claims without a verdict; the exit code."""
     failures = {sid: res.error for sid, res in results.items() if res.error}
     for sid, error in failures.items():
         print(f"fedexp.claims: {sid} failed ({error}); see {out / 'runs' / sid}", file=sys.stderr)

@@ -109,6 +109,43 @@ def markdown(rows: list[str], header: str, footer: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def grid_tables(claims: list[Claim], measured: dict[str, list[Measured]]) -> str:
+    """For each measurement row (a claim that compares nothing, whose terms are labelled
+    `quantity (tag)`): a table of its terms, one line a tag, one column a quantity, each cell
+    mean ± std over seeds ("" when the tier has no measurement row)."""
+    parts = []
+    for claim in claims:
+        if claim.relations or claim.id not in measured:
+            continue
+        grid: dict[str, dict[str, str]] = {}
+        columns: list[str] = []
+        for term, m in zip(claim.terms, measured[claim.id]):
+            found = re.fullmatch(r"(.+) \((.+)\)", term.label)
+            if found is None:
+                break
+            quantity, tag = found.groups()
+            if quantity not in columns:
+                columns.append(quantity)
+            cell = (
+                "n/a"
+                if m.missing
+                else f"{fmt_value(m.mean, term.unit)} ± " + fmt_value(m.std, term.unit)
+            )
+            grid.setdefault(tag, {})[quantity] = cell
+        else:
+            lines = [
+                f"{claim.id}. {claim.text} (mean ± std over seeds; {claim.note}):",
+                "",
+                "| | " + " | ".join(_cell(c) for c in columns) + " |",
+                "| --- |" + " --- |" * len(columns),
+            ]
+            for tag, cells in grid.items():
+                row_cells = [tag, *(cells.get(c, "") for c in columns)]
+                lines.append("| " + " | ".join(_cell(c) for c in row_cells) + " |")
+            parts.append("\n".join(lines) + "\n")
+    return "\n".join(parts)
+
+
 def markers(tier: str = "small") -> tuple[str, str]:
     """The begin and end markers of a tier's table in a doc (`claims:` for the small tier,
     `claims-<tier>:` for another)."""
