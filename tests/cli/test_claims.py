@@ -17,7 +17,8 @@ import pytest
 
 from conftest import REPO
 from fedexp.claims.__main__ import main, select
-from fedexp.claims.catalogue import CLAIMS, SETTINGS, Term, settings_of
+from fedexp.claims.catalogue import CLAIMS, SETTINGS
+from fedexp.claims.claim import Term, settings_of
 from fedexp.claims.table import BEGIN, END, markers, row, update_doc
 from fedexp.claims.tiers import TIERS, tier
 from fedexp.claims.verdict import Measured, evaluate, judge, measure, sample_std
@@ -72,7 +73,7 @@ def test_a_chain_needs_every_link():
 
 
 def test_sides_measuring_different_quantities_are_refused():
-    from fedexp.claims.catalogue import ACC_CLIENTS, ACC_GLOBAL, ACC_PERSONAL, Claim
+    from fedexp.claims.claim import ACC_CLIENTS, ACC_GLOBAL, ACC_PERSONAL, Claim
 
     personal = Term("P", "s1", ACC_PERSONAL)
     with pytest.raises(ValueError, match="one quantity on both sides"):
@@ -296,7 +297,7 @@ def test_cheapest_claim_end_to_end(tmp_path):
 
 
 def test_settings_text_is_read_from_the_runs_configs():
-    from fedexp.claims.catalogue import Claim, Setting
+    from fedexp.claims.claim import Claim, Setting
     from fedexp.claims.settings_text import claim_setting_text
 
     def summary(lr, batch, algo):
@@ -380,7 +381,7 @@ def test_vary_runs_the_claim_once_per_value_and_tabulates_each_verdict(tmp_path,
 
 def test_runner_resumes_an_interrupted_setting_and_sets_stale_runs_aside(tmp_path, monkeypatch):
     import fedexp.claims.runner as runner_mod
-    from fedexp.claims.catalogue import Setting
+    from fedexp.claims.claim import Setting
 
     # a stand-in CLI: a multirun writes multirun.yaml and one job dir per seed (as Hydra), and
     # refuses a sweep dir that already holds one (as fedexp's sweep does)
@@ -432,7 +433,7 @@ def test_what_the_protocol_tier_changes_is_read_from_the_composed_configs():
 
 
 def test_a_measurement_row_is_tabulated_term_by_term():
-    from fedexp.claims.catalogue import Claim
+    from fedexp.claims.claim import Claim
     from fedexp.claims.table import grid_tables
 
     terms = tuple(

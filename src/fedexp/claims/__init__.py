@@ -5,7 +5,8 @@ seeds (`runner`), and holds in direction when its relations hold on the means (`
 result is `claims.md` and `claims.json` in the output dir (`table`). See docs/CLAIMS.md.
 """
 
-from fedexp.claims.catalogue import CLAIMS, SETTINGS, Claim, Setting, Term
+from fedexp.claims.catalogue import CLAIMS, SETTINGS
+from fedexp.claims.claim import Claim, Setting, Term
 from fedexp.claims.verdict import Measured, Verdict, evaluate, judge, measure
 
 __all__ = [

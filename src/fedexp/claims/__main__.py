@@ -12,7 +12,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from fedexp.claims.catalogue import Claim, Setting, settings_of
+from fedexp.claims.claim import Claim, Setting, settings_of
 from fedexp.claims.protocol_diff import differences_markdown
 from fedexp.claims.runner import Runner, SettingResult
 from fedexp.claims.settings_text import (

@@ -26,13 +26,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from fedexp.claims.catalogue import (
+from fedexp.claims.catalogue import WAFFLE_RESULTS, WAFFLE_TABLE1
+from fedexp.claims.claim import (
     ACC_CLIENTS,
     ACC_PERSONAL,
     ALIGN_DIST,
     GRAD_RATIO,
-    WAFFLE_RESULTS,
-    WAFFLE_TABLE1,
     Claim,
     Setting,
     Term,

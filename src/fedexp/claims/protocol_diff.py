@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fedexp.claims.catalogue import Setting
+from fedexp.claims.claim import Setting
 from fedexp.claims.settings_text import _fmt, composed
 
 # the overrides by which the tier departs from a preset (a prefix matches `key=...`)

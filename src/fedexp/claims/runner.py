@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fedexp.claims.catalogue import Setting
+from fedexp.claims.claim import Setting
 from fedexp.core.summary import RunSummary
 
 FIXED = ("logger=csv", "progress=false", "checkpoint_every=0")
@@ -163,8 +163,24 @@ class Runner:
         if (sweep / "multirun.yaml").exists() or list(sweep.glob("*/.hydra")):
             sweep = sweep / f"batch-{len(batches) + 1}"
             sweep.mkdir()
+        start = time.perf_counter()
+        pending, code = self._run_process(setting, todo, sweep, runs)
+        error = None
+        for seed in pending:  # the process ended without these runs' summaries
+            runs[seed] = RunRecord(setting.id, seed, str(sweep / f"seed{seed}"), "failed", 0.0)
+            self._report(runs[seed])
+        if code != 0 or pending:
+            lines = (sweep / "claims_stderr.log").read_text(errors="replace").strip().splitlines()
+            error = f"exit {code}: " + (lines[-1] if lines else "no output")
+        return SettingResult(setting.id, runs, time.perf_counter() - start, error)
+
+    def _run_process(
+        self, setting: Setting, todo: list[int], sweep: Path, runs: dict
+    ) -> tuple[list[int], int | None]:
+        """Run the setting's multirun over `todo` in `sweep`, recording each run in `runs` as
+        its summary appears; the seeds the process ended without, and its exit code."""
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", WANDB_MODE="disabled")
-        start = last = time.perf_counter()
+        last = time.perf_counter()
         with open(sweep / "claims_stderr.log", "w") as err:
             proc = subprocess.Popen(
                 command(setting, todo, sweep, self.extra),
@@ -195,11 +211,4 @@ class Runner:
                     proc.kill()
                     break
             proc.wait()  # a run's summary is written before its process ends
-        error = None
-        for seed in pending:  # the process ended without these runs' summaries
-            runs[seed] = RunRecord(setting.id, seed, str(sweep / f"seed{seed}"), "failed", 0.0)
-            self._report(runs[seed])
-        if proc.returncode != 0 or pending:
-            lines = (sweep / "claims_stderr.log").read_text(errors="replace").strip().splitlines()
-            error = f"exit {proc.returncode}: " + (lines[-1] if lines else "no output")
-        return SettingResult(setting.id, runs, time.perf_counter() - start, error)
+        return pending, proc.returncode

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fedexp.claims.catalogue import Claim, Setting, settings_of
+from fedexp.claims.claim import Claim, Setting, settings_of
 from fedexp.config.build import find_conf
 from fedexp.core.summary import RunSummary
 from fedexp.core.types import ConfigError

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from fedexp.claims.catalogue import Claim
+from fedexp.claims.claim import Claim
 from fedexp.claims.verdict import Measured, Verdict, sample_std
 
 BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"

@@ -5,7 +5,7 @@ run."""
 from __future__ import annotations
 
 from fedexp.claims import catalogue, paper_tier
-from fedexp.claims.catalogue import Claim, Setting
+from fedexp.claims.claim import Claim, Setting
 
 TIERS = ("small", "paper")
 DEFAULT_SEEDS = {"small": 5, "paper": 3}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from fedexp.claims.catalogue import Claim, Term
+from fedexp.claims.claim import Claim, Term
 from fedexp.core.summary import RunSummary
 
 
