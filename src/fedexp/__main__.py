@@ -20,129 +20,12 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from fedexp.cli_table import best_round, print_table, run_title
 from fedexp.config.build import find_conf, labelled_choices
 from fedexp.core.summary import RunSummary
 from fedexp.errors import ConfigError
 
 EXIT_FAILED, EXIT_CONFIG, EXIT_DIVERGED = 1, 2, 3
-TABLE_KEYS = (
-    "eval/global/acc",
-    "eval/global/client_acc_mean",
-    "eval/personal/acc_mean",
-    "eval/personal/acc_std",
-    "eval/personal/acc_min",
-    "eval/personal/acc_max",
-    "eval/group/gap",
-    "eval/global/loss",
-    "eval/global/client_loss_mean",
-    "eval/personal/loss_mean",
-    "privacy/mia_acc",
-    "privacy/mia_auc",
-    "privacy/mia_tpr@1%fpr",
-    "privacy/mia_tpr@0.1%fpr",
-    "train/loss",
-    "comm/up_bits_total",
-    "comm/down_bits_total",
-)
-
-
-# overrides left out of the final table's title: the choices it names, and keys that never
-# change a result (any key under them too)
-TITLED = ("algorithm", "dataset")
-UNTITLED = ("progress", "device", "logger", "paths", "resume", "threads", "checkpoint_every")
-UNTITLED += ("client_store", "hydra", "progress_every_s")
-
-
-def run_title(choices: dict, overrides: list[str] | tuple[str, ...] = ()) -> str:
-    """`fedprox on cifar10 (algorithm.mu=0.01 seed=1)`: the algorithm, the dataset and the
-    command-line overrides that can change a result."""
-    shown = []
-    for override in overrides:
-        key = override.lstrip("+~").partition("=")[0]
-        if key not in TITLED and key.split(".")[0].split("/")[0] not in UNTITLED:
-            shown.append(override.lstrip("+~"))
-    head = f"{choices.get('algorithm', '?')} on {choices.get('dataset', '?')}"
-    return head + (f" ({' '.join(shown)})" if shown else "")
-
-
-def best_round(run_dir: Path, name: str) -> tuple[int, float] | None:
-    """(round, value) of the best logged value of the objective `name` in metrics.jsonl: the
-    lowest for a loss, else the highest; the earliest such round on ties. None if never logged."""
-    import json
-
-    path = Path(run_dir) / "metrics.jsonl"
-    points = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row.get(name), (int, float)) and "round" in row:
-            points.append((int(row["round"]), float(row[name])))
-    if not points:
-        return None
-    sign = 1 if "loss" in name else -1
-    return min(points, key=lambda p: (sign * p[1], p[0]))
-
-
-def data_rows(metrics) -> list[tuple[str, str]]:
-    """The final table's rows on the data: the share of the training data the clients hold,
-    and the server's pool where one was set aside."""
-    held, train = metrics.get("data/held_by_clients"), metrics.get("data/train_fraction_used")
-    rows = []
-    if isinstance(held, float):
-        split = f" ({train:.1%} in training splits)" if isinstance(train, float) else ""
-        rows.append(("training data the clients hold", f"{held:.1%}{split}"))
-    pool = metrics.get("data/server_pool")
-    if pool:
-        rows.append(("server pool (no client holds it)", f"{pool:,} samples"))
-    return rows
-
-
-def print_table(summary: RunSummary, choices: dict, title: str | None = None, best=None) -> None:
-    """The final table: titled with the run (`run_title`), the last evaluation's metrics (each
-    named by what it measures: test or validation, global or personal), the data the clients
-    held, the objective at the end and at its best round (`best`: (round, value)), and under
-    it the run's warnings: what changes what the numbers mean."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from fedexp.config.validation import NO_OBJECTIVE
-    from fedexp.core.summary import metric_title
-
-    metrics = summary.metrics
-    caption = [f"warning: {line}" for line in summary.warnings]
-    table = Table(
-        title=f"{title or run_title(choices)} — {summary.status}",
-        caption="\n".join(caption) or None,
-        caption_justify="left",
-    )
-    table.add_column("metric", no_wrap=True)
-    table.add_column("value", justify="right", no_wrap=True)
-    table.add_column("key", style="dim", overflow="fold")
-    evaluated = metrics.get("round")
-    if summary.status != "completed":  # the metrics may be older than the last round run
-        shown = f"{evaluated} of {summary.rounds_completed} run" if evaluated else "none yet"
-        table.add_row("metrics of round", shown, "")
-    for key in TABLE_KEYS:
-        if key in metrics and metrics[key] is not None:
-            v = metrics[key]
-            text = f"{v:.4f}" if isinstance(v, float) else f"{v:,}"
-            title = metric_title(key)
-            table.add_row(title, text, key if title != key else "")
-    objective = summary.objective
-    if objective is not None and objective.value is not None:
-        name = metric_title(objective.name)
-        table.add_row(f"objective: {name}", f"{objective.value:.4f}", objective.name)
-    elif objective is not None and objective.name == NO_OBJECTIVE:
-        table.add_row("objective: none", "no validation data", "")
-    if objective is not None and best is not None:
-        table.add_row(f"best objective (round {best[0]})", f"{best[1]:.4f}", objective.name)
-    for name, value in data_rows(metrics):
-        table.add_row(name, value, "")
-    table.add_row("rounds", str(summary.rounds_completed), "")
-    table.add_row("wall time (s)", f"{summary.timing.wall_time_s:.1f}", "")
-    Console(width=max(130, Console().width)).print(table)
 
 
 @hydra.main(version_base="1.3", config_path=find_conf(), config_name="config")
@@ -202,6 +85,26 @@ def _execute(
     title,
     spills: list[Path],
 ) -> float | None:
+    """The job in three parts: build everything or refuse, run or fail, report and exit."""
+    built = _build_or_refuse(cfg, run_dir, choices, multirun, resume, spills)
+    if built is None:  # a sweep job refused
+        return None
+    from fedexp.runtime.ranks import is_output_rank
+
+    output_rank = is_output_rank()  # under torchrun only rank 0 logs and prints
+    ran = _run_or_fail(*built, cfg, run_dir, choices, multirun, group, output_rank)
+    if ran is None:  # a sweep job failed
+        return None
+    summary, callbacks = ran
+    return _report_and_exit(summary, callbacks, run_dir, choices, multirun, title, output_rank)
+
+
+def _build_or_refuse(
+    cfg: DictConfig, run_dir: Path, choices: dict, multirun: bool, resume: bool, spills: list[Path]
+):
+    """(the experiment, its loggers): the config composed, checked and built before any training,
+    or refused: one line and exit 2, nothing half-written (a sweep job: None, its summary.json
+    says why). Adds the run's own spill dir to `spills`."""
     try:
         from fedexp.config.values import check_config_values
 
@@ -209,7 +112,7 @@ def _execute(
         check_config_values(cfg)
         spills += [d for d in [own_spill_dir(cfg, run_dir)] if d is not None]
         from fedexp.run import Experiment
-        from fedexp.run.callbacks import build_callbacks, config_loggers
+        from fedexp.run.callbacks import config_loggers
 
         experiment = Experiment(cfg, run_dir, resume=resume)
         loggers = config_loggers(cfg, run_dir, experiment.objective, multirun)
@@ -231,11 +134,19 @@ def _execute(
             _resume_log(keep=False)  # a refused resume leaves the run dir as it was
         sys.exit(EXIT_CONFIG)
     _resume_log(keep=True)
-    from fedexp.runtime.ranks import is_output_rank
+    return experiment, loggers
+
+
+def _run_or_fail(
+    experiment, loggers, cfg, run_dir: Path, choices: dict, multirun: bool, group, output_rank
+):
+    """(the run's summary, its callbacks): the rounds trained (a diverging run stops at its
+    round and its summary says so), or a failure: a second stop signal, a full disk, a removed
+    run dir (in a sweep, any error) is one line and its exit code (a sweep job: None)."""
+    from fedexp.run.callbacks import build_callbacks
     from fedexp.runtime.run_dir import one_line, os_error_line, resume_hint
     from fedexp.runtime.signals import StoppedAtOnce
 
-    output_rank = is_output_rank()  # under torchrun only rank 0 logs and prints
     callbacks = build_callbacks(
         experiment.components, loggers, progress=True, output_rank=output_rank
     )
@@ -258,6 +169,14 @@ def _execute(
             sys.exit(EXIT_FAILED)
         record_error(ConfigError(line), cfg, run_dir, choices, status="failed")
         return None  # the sweep goes on with the other jobs
+    return summary, callbacks
+
+
+def _report_and_exit(
+    summary: RunSummary, callbacks, run_dir: Path, choices: dict, multirun: bool, title, output_rank
+) -> float | None:
+    """The final table with the run's warnings, then the exit: an interrupted run, a stop signal
+    that ends a sweep, a diverged run (exit 3; a sweep job: None) or the objective's value."""
     if output_rank:
         best = best_round(run_dir, summary.objective.name) if summary.objective else None
         print_table(summary, choices, title, best)
