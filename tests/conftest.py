@@ -3,13 +3,10 @@ run an Experiment in this process, read what a run wrote."""
 
 from __future__ import annotations
 
-import contextlib
 import csv
-import inspect
 import json
 import logging
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -245,83 +242,37 @@ def cli_in_process(tmp_path, monkeypatch, capsys):
     return _run
 
 
-# Markers for the edit-test loop (`make test-fast` deselects both): `cli` for a test under
-# tests/cli or one that starts a process, `experiment` for one that builds a whole Experiment
-# (in this process or through the CLI's main); read from the test's source and its fixtures'.
-CLI_WORDS = ("subprocess", "run_cli(", "sys.executable")
-EXPERIMENT_WORDS = (
-    "cli_in_process",
-    "smoke_experiment(",
-    "Experiment(",
-    "main_in_process(",
-    "main()",
-    "lifecycle",
-    "compose_cfg",
-    "run_experiment(",
-)
-
-
-_SOURCE: dict[int, tuple[str, tuple[str, ...]]] = {}  # id(func) -> (source, names it calls)
-_IN_TESTS: dict[int, bool] = {}
-
-
-def _in_tests(func) -> bool:
-    if id(func) not in _IN_TESTS:
-        found = False
-        with contextlib.suppress(TypeError):
-            found = TESTS in Path(inspect.getsourcefile(func) or "/").resolve().parents
-        _IN_TESTS[id(func)] = found
-    return _IN_TESTS[id(func)]
-
-
-def _source(func) -> tuple[str, tuple[str, ...]]:
-    """(the source of `func`, the names it calls), read once per function; ("", ()) without one."""
-    if id(func) not in _SOURCE:
-        text = ""
-        with contextlib.suppress(TypeError, OSError):  # a builtin, or no source file
-            text = inspect.getsource(func)
-        _SOURCE[id(func)] = (text, tuple(dict.fromkeys(re.findall(r"\b(\w+)\(", text))))
-    return _SOURCE[id(func)]
-
-
-def _sources(item) -> str:
-    """The source of the test function, of the test helpers it calls (and those they call), and
-    of every fixture it uses."""
-    funcs = [getattr(item, "function", None)]
-    info = getattr(item, "_fixtureinfo", None)
-    for name in item.fixturenames if info is not None else ():
-        funcs += [d.func for d in info.name2fixturedefs.get(name, ())]
-    module = getattr(item, "module", None)
-    texts, seen = [], set()
-    while funcs:
-        func = funcs.pop()
-        if id(func) in seen:
-            continue
-        seen.add(id(func))
-        text, names = _source(func)
-        texts.append(text)
-        for name in names:
-            called = getattr(module, name, None)
-            if inspect.isfunction(called) and _in_tests(called):
-                funcs.append(called)
-    return "\n".join(texts)
+# Markers for the edit-test loop (`make test-fast` deselects both), by folder and by fixture:
+# `cli` for a test under tests/cli or one using a fixture that starts a process, `experiment` for
+# one using a fixture that builds a whole Experiment (in this process or through the CLI's main).
+# A test that does either without such a fixture marks itself (`pytestmark` or a decorator).
+FOLDER_MARKERS = {"cli": ("cli",)}
+FIXTURE_MARKERS = {
+    "cli": ("cli",),
+    "cli_in_process": ("experiment",),
+    "lifecycle": ("experiment",),
+    "compose_cfg": ("experiment",),
+}
 
 
 def pytest_collection_modifyitems(config, items):
-    order = {}
     for item in items:
-        text = _sources(item)
-        starts_a_process = any(word in text for word in CLI_WORDS)
-        in_cli = TESTS / "cli" in Path(item.path).parents or "cli" in item.fixturenames
-        if in_cli or starts_a_process:
-            item.add_marker(pytest.mark.cli)
-        runs = any(word in text for word in EXPERIMENT_WORDS)
-        if runs:
-            item.add_marker(pytest.mark.experiment)
-        order[id(item)] = 0 if starts_a_process or "cli" in item.fixturenames else 1 if runs else 2
+        path = Path(item.path)
+        folder = path.relative_to(TESTS).parts[0] if TESTS in path.parents else ""
+        names = [*FOLDER_MARKERS.get(folder, ())]
+        names += [marker for name in item.fixturenames for marker in FIXTURE_MARKERS.get(name, ())]
+        for name in dict.fromkeys(names):
+            if item.get_closest_marker(name) is None:
+                item.add_marker(name)
+
     # the longest tests first (those that start a process, then whole runs): the workers of
     # `pytest -n 2` then end on short tests together instead of one waiting for the other
-    items.sort(key=lambda item: order[id(item)])
+    def rank(item) -> int:
+        return next(
+            (i for i, n in enumerate(("cli", "experiment")) if item.get_closest_marker(n)), 2
+        )
+
+    items.sort(key=rank)
 
 
 # Tiny models run fastest on one thread, and a loaded machine makes torch's thread pool thrash.

@@ -89,6 +89,7 @@ def test_the_vectorized_executor_refuses_bn_running_statistics():
     )
 
 
+@pytest.mark.experiment
 def test_cli_refuses_vectorized_fedbn_before_training(monkeypatch, capsys, tmp_path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("FEDEXP_CACHE_DIR", str(tmp_path / "cache"))

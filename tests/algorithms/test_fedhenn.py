@@ -90,6 +90,7 @@ def test_eta_schedules_by_hand():
     assert [step.eta(t) for t in (1, 10, 11, 21)] == pytest.approx([0.1, 0.1, 0.3, 0.9])
 
 
+@pytest.mark.experiment
 def test_eta0_homogeneous_is_fedavg_exactly_on_the_same_data(tmp_path):
     henn = experiment(tmp_path, "algorithm=fedhenn", "algorithm.eta0=0")
     orch_henn, _ = run(henn)
@@ -101,6 +102,7 @@ def test_eta0_homogeneous_is_fedavg_exactly_on_the_same_data(tmp_path):
             assert orch_henn.last_eval[key] == value, key
 
 
+@pytest.mark.experiment
 def test_eta0_homogeneous_is_fedavg_exactly_on_the_default_config_with_the_pool(tmp_path):
     # a comparison sets one integer server pool for every algorithm (`auto` sets it aside only
     # for FedHeNN), so FedAvg, built from its own config, sees the clients' data FedHeNN sees;
@@ -132,6 +134,7 @@ def rows_in(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return (x.flatten(1)[:, None, :] == rows.flatten(1)[None, :, :]).all(-1).any(1)
 
 
+@pytest.mark.experiment
 def test_rad_is_drawn_each_round_from_the_server_pool(tmp_path):
     exp = experiment(tmp_path, "algorithm=fedhenn")
     data, opts = exp.data, exp.algorithm.opts
@@ -145,6 +148,7 @@ def test_rad_is_drawn_each_round_from_the_server_pool(tmp_path):
     assert torch.equal(draw_rad(opts, data, 0, 1).x, rads[0].x)  # a function of (seed, round)
 
 
+@pytest.mark.experiment
 def test_rad_source_train_draws_the_clients_inputs_and_says_so(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="fedexp.algorithms.fedhenn"):
         exp = experiment(tmp_path, "algorithm=fedhenn", "algorithm.rad_source=train")
@@ -154,6 +158,7 @@ def test_rad_source_train_draws_the_clients_inputs_and_says_so(tmp_path, caplog)
     assert bool(rows_in(rad, data.x[data.train_pool()]).all())  # the clients' own inputs
 
 
+@pytest.mark.experiment
 def test_homogeneous_alignment_changes_training_and_personal_models_are_kept(tmp_path):
     henn = experiment(tmp_path, "algorithm=fedhenn", "algorithm.eta0=1.0")
     orch, capture = run(henn)
@@ -173,6 +178,7 @@ def test_homogeneous_alignment_changes_training_and_personal_models_are_kept(tmp
     assert capture.rounds[0]["comm/up_bits"] == 3 * params * 32
 
 
+@pytest.mark.experiment
 @pytest.mark.parametrize("changes", [("kernel=rbf", "eta_schedule=step"), ("distance=procrustes",)])
 def test_homogeneous_variants_run(tmp_path, changes):
     exp = experiment(tmp_path, "algorithm=fedhenn", *(f"algorithm.{c}" for c in changes))
@@ -197,6 +203,7 @@ def local_training_replica(exp: Experiment, client_id: int) -> torch.Tensor:
     return flat_params(list(model.parameters()))
 
 
+@pytest.mark.experiment
 def test_eta0_heterogeneous_is_isolated_local_training(tmp_path):
     exp = experiment(tmp_path, *HETERO, "algorithm.eta0=0")
     orch, capture = run(exp)
@@ -206,6 +213,7 @@ def test_eta0_heterogeneous_is_isolated_local_training(tmp_path):
     assert len(orch.client_accs["personal"]) == 6 and "eval/global/acc" not in orch.last_eval
 
 
+@pytest.mark.experiment
 @pytest.mark.parametrize("upload", ["weights", "representations"])
 def test_heterogeneous_alignment_starts_in_round_two_and_is_counted(tmp_path, upload):
     plain = experiment(tmp_path / "p", *HETERO, "algorithm.eta0=0")
@@ -240,6 +248,7 @@ def test_heterogeneous_alignment_starts_in_round_two_and_is_counted(tmp_path, up
         assert second["comm/down_bits"] == 3 * (2 * L * 64 * 32 + L * L * 32)
 
 
+@pytest.mark.experiment
 def test_uploading_weights_or_representations_trains_the_same_models(tmp_path):
     # the server runs each uploaded model on the RAD exactly as a client computes its upload
     # (the same module, weights and inputs, the same operations in the same order), so K_bar
@@ -263,6 +272,7 @@ def test_uploading_weights_or_representations_trains_the_same_models(tmp_path):
     assert w_cap.rounds[-1]["comm/up_bits"] != r_cap.rounds[-1]["comm/up_bits"]  # other ledgers
 
 
+@pytest.mark.experiment
 def test_kernel_bar_is_the_weighted_mean_of_client_kernels(tmp_path):
     exp = experiment(tmp_path, *HETERO, "algorithm.kernel_weighting=samples")
     algorithm = exp.algorithm
@@ -277,6 +287,7 @@ def test_kernel_bar_is_the_weighted_mean_of_client_kernels(tmp_path):
     assert state.buffers["kernel_round"] == 5
 
 
+@pytest.mark.experiment
 def test_the_server_computes_a_clients_kernel_from_its_weights(tmp_path):
     exp = experiment(tmp_path, *HETERO)
     algorithm = exp.algorithm
@@ -338,6 +349,7 @@ def test_message_bits_by_hand():
     assert Weights(torch.zeros(3)).num_bits() == AlignPayload(0.0, torch.zeros(3)).num_bits()
 
 
+@pytest.mark.experiment
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -378,11 +390,13 @@ def test_bad_configs_are_config_errors(tmp_path, overrides, message):
         experiment(tmp_path, *overrides)
 
 
+@pytest.mark.experiment
 def test_heterogeneous_on_a_single_model_draws_from_the_default_family(tmp_path):
     algo = experiment(tmp_path, "algorithm=fedhenn", "algorithm.variant=heterogeneous").algorithm
     assert algo.num_archs == 5
 
 
+@pytest.mark.experiment
 def test_eavesdroppers_rebuild_the_local_model_unless_representations_travel(tmp_path):
     cases = [
         (("algorithm=fedhenn",), True),

@@ -160,6 +160,7 @@ def test_align_layer_picks_what_the_distance_sees(monkeypatch, layer):
     assert torch.equal(seen[0], direct)
 
 
+@pytest.mark.experiment
 def test_align_layer_output_sets_the_targets_and_kernels_from_the_logits(tmp_path):
     exp = smoke_experiment(tmp_path / "h", "algorithm=fedhenn", "algorithm.align_layer=output")
     algorithm, state = exp.algorithm, exp.algorithm.init_state()
@@ -179,6 +180,7 @@ def test_align_layer_output_sets_the_targets_and_kernels_from_the_logits(tmp_pat
         torch.testing.assert_close(kernel, linear_kernel(model.eval()(probe.x)))
 
 
+@pytest.mark.experiment
 def test_a_bad_align_layer_is_a_one_line_config_error(tmp_path):
     with pytest.raises(ConfigError, match="algorithm.align_layer") as err:
         smoke_experiment(tmp_path, "algorithm=fedhenn", "algorithm.align_layer=logits")
@@ -190,6 +192,7 @@ def jsonl(exp) -> list[dict]:
     return [json.loads(line) for line in (exp.run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.experiment
 def test_the_metrics_are_in_metrics_jsonl(tmp_path):
     # homogeneous: round 1 (eta = 0) is measured on a RAD that is not sent; the client starts
     # from the global model, which gave the target: d = 0 at its first step
@@ -219,6 +222,7 @@ def rounds_of(exp) -> list[dict]:
 TINY = ("partition=dirichlet", "partition.min_size=5", "client.batch_size=16", "rounds=3")
 
 
+@pytest.mark.experiment
 @pytest.mark.parametrize("variant", [("algorithm=fedhenn",), HETERO], ids=["homo", "hetero"])
 def test_the_executors_measure_alike(tmp_path, variant):
     runs = {}
@@ -239,6 +243,7 @@ def test_the_executors_measure_alike(tmp_path, variant):
     assert set(NAMES) <= runs["sequential"][-1].keys()
 
 
+@pytest.mark.experiment
 @pytest.mark.parametrize("variant", [("algorithm=fedhenn",), HETERO], ids=["homo", "hetero"])
 def test_measuring_changes_no_training(tmp_path, monkeypatch, variant):
     def trained(path) -> list[torch.Tensor]:

@@ -99,6 +99,7 @@ def test_bad_options_are_config_errors(two_clients):
         FedProto(make_ctx(two_clients, factory=small_mlp), distance="l1")
 
 
+@pytest.mark.experiment
 def test_cli_runs_heterogeneous_models_and_refuses_unequal_widths(monkeypatch, capsys, tmp_path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("FEDEXP_CACHE_DIR", str(tmp_path / "cache"))

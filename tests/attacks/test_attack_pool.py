@@ -62,6 +62,7 @@ def test_pool_extras_are_other_attackers_drawn_from_seed_and_round():
     assert len(draws) > 1  # redrawn every round
 
 
+@pytest.mark.experiment
 def test_bad_pool_options_are_config_errors(tmp_path):
     with pytest.raises(ConfigError, match="attack.pool:"):
         MinMax(0.2, pool="everyone")
@@ -149,6 +150,7 @@ def test_rank_reversal_reverses_the_pools_vote():
     assert attack.round_metrics(out)["attack/known"] == 1
 
 
+@pytest.mark.experiment
 def test_rank_reversal_on_frl_sums_the_pools_rankings(tmp_path):
     # FRL on the digits, 10 clients, 3 a round, 5 attackers: the pool holds pool_size of them
     frl = ("experiment=frl_digits", "num_clients=10", "attack=rank_reversal")
@@ -160,6 +162,7 @@ def test_rank_reversal_on_frl_sums_the_pools_rankings(tmp_path):
         assert attacked and all(r["attack/known"] == known for r in attacked)
 
 
+@pytest.mark.experiment
 def test_frl_rankings_trained_aside_are_those_of_a_sampled_client(tmp_path):
     exp = smoke_experiment(tmp_path, "experiment=frl_digits", "num_clients=8")
     alg, executor, data = exp.algorithm, exp.executor, exp.data
@@ -170,6 +173,7 @@ def test_frl_rankings_trained_aside_are_those_of_a_sampled_client(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(aside[1].upload.layers, sampled[0].upload.layers))
 
 
+@pytest.mark.experiment
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedrep"])  # FedRep keeps heads in the store
 def test_train_aside_leaves_no_trace_and_matches_a_sampled_client(algorithm, tmp_path):
     exp = experiment(
@@ -192,6 +196,7 @@ def test_train_aside_leaves_no_trace_and_matches_a_sampled_client(algorithm, tmp
     assert torch.equal(aside[0].upload.values, sampled[0].upload.values)
 
 
+@pytest.mark.experiment
 def test_the_pool_trains_the_same_on_the_vectorized_executor(tmp_path):
     exp = experiment(
         tmp_path, "debug=smoke", "num_clients=8", "clients_per_round=3", "executor=vectorized"
@@ -218,6 +223,7 @@ def test_simulated_multikrum_runs_over_the_pool_and_the_copies():
     assert not attack.success_test(known[:5], 2)(known[:5].mean(0))  # P = 5 selects 1
 
 
+@pytest.mark.experiment
 @pytest.mark.parametrize("aggregator", ["multikrum", "trimmed_mean"])
 def test_agr_tailored_finds_a_positive_gamma_every_attacked_round(aggregator, tmp_path):
     # the digits robustness setting: 10 clients a round, 1-4 of them attackers in rounds 1-5
@@ -233,6 +239,7 @@ def test_agr_tailored_finds_a_positive_gamma_every_attacked_round(aggregator, tm
     assert all(r["attack/gamma"] > 0 for r in attacked)
 
 
+@pytest.mark.experiment
 @pytest.mark.slow
 def test_agr_tailored_lowers_the_trimmed_mean_accuracy(tmp_path):
     # 20 rounds of E = 1: FedAvg + trimmed mean (beta known, 0 without attack: the mean) reaches

@@ -34,6 +34,7 @@ def experiment(tmp_path: Path, *overrides: str) -> Experiment:
     return Experiment(cfg, tmp_path / "run")
 
 
+@pytest.mark.experiment
 def test_audit_restores_only_its_clients_the_rng_and_uses_the_batch_transform(
     tmp_path, monkeypatch
 ):
@@ -81,6 +82,7 @@ def test_audit_restores_only_its_clients_the_rng_and_uses_the_batch_transform(
         assert torch.equal(after[cid], value)
 
 
+@pytest.mark.experiment
 def test_no_metric_where_the_algorithm_rebuilds_no_model(tmp_path, caplog):
     torch.set_num_threads(1)
     exp = experiment(
@@ -100,6 +102,7 @@ def test_no_metric_where_the_algorithm_rebuilds_no_model(tmp_path, caplog):
     assert len(exp.store) == 0  # the target's local training left nothing behind
 
 
+@pytest.mark.experiment
 def test_heterogeneous_fedhenn_shadows_start_from_their_targets_model(tmp_path, monkeypatch):
     # upload=weights: the eavesdropper rebuilds the target's model from its upload; each shadow
     # has the target's architecture and starts from the weights the target last uploaded
@@ -144,6 +147,7 @@ def test_the_forked_rng_is_the_training_devices():
     assert rng_devices(torch.device("cuda", 1)) == [1]  # what seed_global_rng reseeds
 
 
+@pytest.mark.experiment
 def test_the_attack_scores_vary_on_clients_that_overfit_a_non_iid_shard(tmp_path, monkeypatch):
     """Two-label shards, 30 local epochs on ~57 samples: targets far more confident than shadows
     trained on the pool's ten-label mix. Those shadows' tree ensemble scored every target sample
@@ -173,6 +177,7 @@ def test_the_attack_scores_vary_on_clients_that_overfit_a_non_iid_shard(tmp_path
     assert set(metrics) == set(METRICS)
 
 
+@pytest.mark.experiment
 def test_an_unknown_shadow_data_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="privacy.shadow_data: must be one of"):
         experiment(tmp_path, "privacy=mia", "privacy.shadow_data=public")

@@ -7,6 +7,8 @@ import pytest
 from conftest import main_in_process, run_dirs, summaries
 from wandb_offline import history, run_info
 
+pytestmark = pytest.mark.experiment
+
 SMOKE = ("debug=smoke",)
 
 

@@ -14,6 +14,8 @@ from tests.conftest import REPO, summaries
 from fedexp.__main__ import find_conf
 from fedexp.run import Experiment
 
+pytestmark = pytest.mark.experiment
+
 # FedRep: heads trained on one rank must reach the others through the round's all-gather
 RUN = [
     "debug=smoke",

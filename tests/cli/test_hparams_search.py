@@ -10,6 +10,8 @@ import pytest
 import torch
 import yaml
 
+pytestmark = pytest.mark.experiment
+
 REPO = Path(__file__).resolve().parents[2]
 PRESETS = sorted(p.stem for p in (REPO / "conf" / "hparams_search").glob("*.yaml"))
 

@@ -8,7 +8,10 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 import torch
+
+pytestmark = pytest.mark.experiment
 
 
 def sweep(monkeypatch, tmp_path, *args: str) -> None:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import sys
 
+import pytest
 import torch
+
+pytestmark = pytest.mark.experiment
 
 
 def test_report_of_a_two_algorithm_two_seed_multirun(tmp_path, monkeypatch, capsys):

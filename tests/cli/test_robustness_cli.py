@@ -60,6 +60,7 @@ def test_config_error_exits_2(cli):
     assert proc.returncode == 2 and "needs aggregator=rank_vote" in proc.stderr
 
 
+@pytest.mark.experiment
 def test_frl_preset_reports_client_accuracies_and_no_objective(tmp_path, monkeypatch, capsys):
     # each client's local test split gives the clients' accuracies of FRL's Tables 2 and 4; no
     # validation split, so `objective: auto` is none: never the test accuracy

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+
 from conftest import smoke_experiment
 from fedexp.core.callbacks import Callback
 from fedexp.run import saved_components
 from fedexp.run.callbacks import build_callbacks
+
+pytestmark = pytest.mark.experiment
 
 
 class Added(Callback):

@@ -8,7 +8,10 @@ import json
 import statistics
 import sys
 
+import pytest
 import torch
+
+pytestmark = pytest.mark.experiment
 
 SMOKE = ("debug=smoke", "device=cpu")
 

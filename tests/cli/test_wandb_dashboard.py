@@ -46,6 +46,7 @@ def sweep(tmp_path_factory):
     return jobs
 
 
+@pytest.mark.experiment
 def test_seeds_share_a_group_and_settings_do_not(sweep):
     infos = [run_info(f) for _, f, _ in sweep]
     # Hydra's job order: mu=0.01 seed 0, 1, then mu=0.1 seed 0, 1
@@ -62,6 +63,7 @@ def test_seeds_share_a_group_and_settings_do_not(sweep):
     assert all(i["tags"] == ["sweep:sweep", "dataset:digits"] for i in infos)
 
 
+@pytest.mark.experiment
 def test_the_config_holds_the_hydra_choices_and_overrides(sweep):
     _, run_file, saved = sweep[2]
     config = run_info(run_file)["config"]
@@ -73,6 +75,7 @@ def test_the_config_holds_the_hydra_choices_and_overrides(sweep):
     assert config["objective"] == saved["objective"]["name"] == "eval/val/global/acc"
 
 
+@pytest.mark.experiment
 def test_round_is_the_step_and_accuracies_keep_their_best(sweep):
     _, run_file, saved = sweep[0]
     defs = metric_definitions(run_file)
@@ -88,6 +91,7 @@ def test_round_is_the_step_and_accuracies_keep_their_best(sweep):
     assert accs[-1] == pytest.approx(saved["metrics"]["eval/global/acc"])
 
 
+@pytest.mark.experiment
 def test_each_evaluation_logs_a_histogram_of_client_accuracies(sweep):
     _, run_file, saved = sweep[1]
     hists = history_item(run_file, "eval/global/client_acc_hist")
@@ -99,6 +103,7 @@ def test_each_evaluation_logs_a_histogram_of_client_accuracies(sweep):
     assert hists[-1]["values"] == expected.tolist()
 
 
+@pytest.mark.experiment
 def test_the_partition_statistics_are_a_table(sweep):
     run, run_file, _ = sweep[0]
     (table,) = history_item(run_file, "partition/class_counts")
@@ -130,6 +135,7 @@ def test_the_console_is_quiet_unless_verbose_and_the_checkpoint_is_an_artifact(c
     assert artifact["name"] == f"checkpoint-{run_info(run_file)['id']}"
 
 
+@pytest.mark.experiment
 def test_the_run_summary_carries_the_warnings_and_the_data_fingerprint(sweep):
     for _, run_file, saved in sweep:
         got = summary(run_file)

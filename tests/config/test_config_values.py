@@ -14,6 +14,8 @@ from conftest import main_in_process
 from fedexp.config.values import check_config_values
 from fedexp.errors import ConfigError
 
+pytestmark = pytest.mark.experiment
+
 REPO = Path(__file__).resolve().parents[2]
 GROUPS = ("algorithm", "aggregator", "attack", "partition", "client", "privacy", "dataset")
 

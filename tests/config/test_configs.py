@@ -59,6 +59,7 @@ def load(overrides, tmp_path):
         )
 
 
+@pytest.mark.experiment
 @pytest.mark.parametrize("group,option", list(options()))
 def test_option_composes_and_builds(group, option, tmp_path):
     cfg = load([f"{group}={option}", *REQUIRES.get((group, option), ())], tmp_path)

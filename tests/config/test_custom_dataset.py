@@ -8,6 +8,7 @@ import json
 import re
 import sys
 
+import pytest
 from tests.conftest import REPO, main_in_process
 
 from fedexp.config.build import dataset_label
@@ -22,6 +23,7 @@ def example() -> tuple[str, list[str]]:
     return source, command.split()
 
 
+@pytest.mark.experiment
 def test_the_documented_custom_dataset_runs_and_labels_the_run(tmp_path, monkeypatch, capsys):
     source, overrides = example()
     (tmp_path / "my_data.py").write_text(source)

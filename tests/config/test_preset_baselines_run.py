@@ -19,6 +19,8 @@ import pytest
 from conftest import main_in_process, write_sent140_csv
 from datafiles import write_cifar100, write_leaf_femnist, write_mnist
 
+pytestmark = pytest.mark.experiment
+
 REPO = Path(__file__).resolve().parents[2]
 NARROW = {  # same architecture, fewer units
     "conv8": ["model.channels=[4,4,4,4,8,8,8,8]", "model.hidden=[16,16]"],

@@ -21,6 +21,7 @@ def composed(*overrides: str):
         return compose("config", overrides=[*SMALL, *overrides])
 
 
+@pytest.mark.experiment
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

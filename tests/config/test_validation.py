@@ -127,6 +127,7 @@ def with_sent140(overrides: tuple[str, ...], root: Path) -> tuple[str, ...]:
     return tuple(f"dataset.data_dir={data}" if o == SENT140 else o for o in overrides)
 
 
+@pytest.mark.experiment
 @pytest.mark.parametrize(("overrides", "expected"), BAD_CONFIGS)
 def test_bad_config_is_one_line_exit_2_and_no_run_dir(
     tmp_path, monkeypatch, capsys, overrides, expected
@@ -140,6 +141,7 @@ def test_bad_config_is_one_line_exit_2_and_no_run_dir(
     assert not list((tmp_path / "outputs").rglob(".hydra"))  # no run dir left behind
 
 
+@pytest.mark.cli
 @pytest.mark.slow
 @pytest.mark.parametrize(("overrides", "expected"), BAD_CONFIGS)
 def test_the_same_through_a_real_process(tmp_path, overrides, expected):
@@ -265,6 +267,7 @@ def test_an_attack_says_when_its_fraction_rounds_and_logs_the_realised_one(
     )
 
 
+@pytest.mark.experiment
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [

@@ -39,6 +39,7 @@ class Recorder(Callback):
         self.events.append((self.name, "end", summary.status, summary.rounds_completed))
 
 
+@pytest.mark.experiment
 def test_hooks_run_in_order_and_added_metrics_reach_every_logger(tmp_path):
     torch.set_num_threads(1)
     exp = smoke_experiment(tmp_path, "rounds=3", "eval_every=2", "checkpoint_every=0")
@@ -69,6 +70,7 @@ def test_hooks_run_in_order_and_added_metrics_reach_every_logger(tmp_path):
     assert summary.rounds_completed == 3
 
 
+@pytest.mark.experiment
 def test_a_report_is_read_only_and_a_later_report_does_not_change_an_earlier_one(tmp_path):
     torch.set_num_threads(1)
     exp = smoke_experiment(tmp_path, "rounds=2", "eval_every=1", "checkpoint_every=0")

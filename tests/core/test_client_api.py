@@ -81,6 +81,7 @@ def test_client_config_from_mapping_refuses_unknown_and_missing_keys():
     assert adam.optimizer_spec == ("adam", {"lr": 0.1, "weight_decay": 0.0})  # no momentum
 
 
+@pytest.mark.experiment
 def test_experiment_builds_the_client_config_once_and_refuses_unknown_keys(tmp_path):
     with pytest.raises(ConfigError, match="client.lr_decay: not a client setting"):
         smoke_experiment(tmp_path, "+client.lr_decay=0.5")

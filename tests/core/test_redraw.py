@@ -55,6 +55,7 @@ def test_a_rejected_cohort_is_the_generators_next_passing_draw():
     assert sample_clients(0, 1, 6, 3, majority) == (0, 1, 2)
 
 
+@pytest.mark.experiment
 def test_the_round_loop_redraws_majority_rounds_and_keeps_the_others(tmp_path):
     seen, malicious = cohorts(tmp_path / "on", "attack.redraw_majority=true")
     assert malicious == MALICIOUS
@@ -64,11 +65,13 @@ def test_the_round_loop_redraws_majority_rounds_and_keeps_the_others(tmp_path):
     assert all(len(malicious.intersection(ids)) == 1 for ids in seen)
 
 
+@pytest.mark.experiment
 def test_without_redraw_the_round_loop_samples_exactly_as_before(tmp_path):
     seen, _ = cohorts(tmp_path / "off", "attack.redraw_majority=false")
     assert seen == FIRST_DRAWS  # rounds 3 and 4 keep their two attackers
 
 
+@pytest.mark.experiment
 def test_no_passing_cohort_is_a_config_error(tmp_path):
     # 3 honest clients of 6: every cohort of 6 holds the 3 attackers, half of it
     with pytest.raises(ConfigError, match="attack.redraw_majority: 3 malicious of 6"):

@@ -227,6 +227,7 @@ print("lightning not imported")
 """
 
 
+@pytest.mark.cli
 def test_help_config_printing_completion_and_config_errors_never_import_lightning(tmp_path):
     cases = [
         ["--help"],

@@ -414,6 +414,7 @@ def test_bad_file_is_one_line_naming_the_file(tmp_path, dataset, write_broken, f
 CLI_ROWS = ["cifar-runs-code", "idx-600-images-500-labels", "leaf-writer-twice"]
 
 
+@pytest.mark.experiment
 @pytest.mark.parametrize("row", CLI_ROWS)
 def test_bad_file_through_the_cli_exits_2_with_one_line(tmp_path, monkeypatch, capsys, row):
     dataset, write_broken, file, problem = next(p.values for p in BAD_FILES if p.id == row)

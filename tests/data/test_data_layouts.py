@@ -132,6 +132,7 @@ def test_a_pickle_in_the_archive_goes_through_the_safe_unpickler(tmp_path):
     assert not (tmp_path / "ran").exists()
 
 
+@pytest.mark.experiment
 @pytest.mark.parametrize("cut", [0.7, 0.3, 0.03, 3 / 10**9])  # 3e-9: the gzip trailer only
 def test_truncated_archive_exits_2_with_one_line(tmp_path, monkeypatch, capsys, cut):
     data = tmp_path / "data"

@@ -248,6 +248,7 @@ def compose_and_run(tmp_path: Path, monkeypatch, *overrides: str) -> tuple[dict,
     return Experiment(cfg, run_dir).run().to_dict(), run_dir
 
 
+@pytest.mark.experiment
 @pytest.mark.parametrize("dataset", ["mnist", "fmnist", "cifar100", "femnist"])
 def test_config_runs_each_image_dataset(tmp_path, monkeypatch, dataset):
     data = tmp_path / "data"
@@ -275,6 +276,7 @@ def test_config_runs_each_image_dataset(tmp_path, monkeypatch, dataset):
         assert len(sizes) == 6 == len(set(sizes)) and set(sizes) <= set(writers.values())
 
 
+@pytest.mark.experiment
 def test_label_distribution_png_goes_to_every_logger(tmp_path, monkeypatch):
     from hydra import compose, initialize_config_dir
 
@@ -335,6 +337,7 @@ def test_a_plot_drawn_before_in_the_process_is_written_again_without_drawing(tmp
     assert png[0] == png[1] == png[3] != png[2] and png[0][:4] == b"\x89PNG"
 
 
+@pytest.mark.experiment
 def test_natural_split_on_a_dataset_without_client_ids_is_one_line(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"^partition: natural split needs .*iid") as e:
         compose_and_run(tmp_path, monkeypatch, "debug=smoke", "partition=natural")
@@ -376,6 +379,7 @@ def test_cli_every_image_dataset_from_its_default_data_dir(cli):
     assert len(set(sizes)) == 6
 
 
+@pytest.mark.experiment
 def test_cli_missing_data_dir_exits_2_with_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     args = ("debug=smoke", "dataset=mnist", "dataset.data_dir=/nonexistent/x")

@@ -106,6 +106,7 @@ def test_images_load_with_labels_owners_and_train_statistics(tmp_path, layout):
     assert data.test_x[0, 0, 0, 0].item() == pytest.approx(expected, rel=1e-4)
 
 
+@pytest.mark.experiment
 def test_text_with_string_labels_and_users_runs_a_natural_federation(tmp_path):
     root = write_parquet(tmp_path / "tweets", {"train": text_split(30)})
     data = load_hf(
@@ -199,6 +200,7 @@ def test_a_corrupt_parquet_file_is_named(tmp_path):
         load_hf(str(tmp_path / "ds"), str(tmp_path), image_key="img")
 
 
+@pytest.mark.experiment
 def test_the_shakespeare_preset_reads_flower_columns(tmp_path):
     """flwrlabs/shakespeare's columns (character_id, x, y), from a local copy of that name."""
     import datasets

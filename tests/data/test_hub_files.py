@@ -67,6 +67,7 @@ def test_bad_feature_columns_and_missing_paths_are_one_line(tmp_path):
         load_hf(tmp_path / "nope.csv", tmp_path, feature_keys="*", label_key="y")
 
 
+@pytest.mark.experiment
 def test_natural_split_with_fewer_owners_runs_with_them_and_says_so(tmp_path, caplog):
     path = write_csv(tmp_path / "train.csv", 60, users=4)
     overrides = [

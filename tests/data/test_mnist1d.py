@@ -111,6 +111,7 @@ def test_damaged_cache_is_generated_again_with_a_log_line(fresh, tmp_path, caplo
     assert mnist1d.read_cache(path, N) is not None  # rewritten whole
 
 
+@pytest.mark.experiment
 @pytest.mark.parametrize(
     ("override", "message"),
     [

@@ -215,6 +215,7 @@ def test_a_failed_download_gives_its_cause_in_one_line(tmp_path, monkeypatch, lo
     )
 
 
+@pytest.mark.experiment
 def test_a_failed_download_through_the_cli_exits_2_with_its_cause(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("torchvision.datasets.MNIST", _torchvision_offline)
@@ -227,6 +228,7 @@ def test_a_failed_download_through_the_cli_exits_2_with_its_cause(tmp_path, monk
     assert not list((tmp_path / "outputs").rglob("*.json"))
 
 
+@pytest.mark.cli
 def test_cli_a_csv_with_sites_and_string_labels_runs_in_one_try(tmp_path):
     """The defaults (20 clients, 10 a round) on a CSV of 4 sites: 4 clients, all of them each
     round; `*` leaves out the site and the diagnosis; the report names benign and malignant."""

@@ -62,6 +62,7 @@ def test_float_images_in_unit_range_keep_their_values(tmp_path):
     np.testing.assert_allclose(restored, train, atol=1e-6)
 
 
+@pytest.mark.experiment
 def test_two_different_valid_image_sets_never_give_identical_runs(tmp_path):
     results = []
     for seed in (1, 2):

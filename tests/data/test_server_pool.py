@@ -38,6 +38,7 @@ def test_no_pool_leaves_the_data_as_it_is_and_too_large_a_pool_is_refused():
         reserve_server_pool(tiny(), 10, seed=0)
 
 
+@pytest.mark.experiment
 @pytest.mark.parametrize("algorithm", ["fedprox", "fedrep", "fedhenn"])
 def test_an_explicit_pool_gives_every_algorithm_the_same_clients_data_and_pool(tmp_path, algorithm):
     from fedexp.runtime.fingerprint import data_digest
@@ -56,6 +57,7 @@ def test_an_explicit_pool_gives_every_algorithm_the_same_clients_data_and_pool(t
     assert not bool((pool[:, None, :] == train[None, :, :]).all(-1).any())
 
 
+@pytest.mark.experiment
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedprox", "fedrep", "waffle", "frl"])
 def test_by_default_a_run_that_reads_no_pool_withholds_nothing(tmp_path, algorithm):
     exp = smoke_experiment(tmp_path, f"algorithm={algorithm}")
@@ -64,6 +66,7 @@ def test_by_default_a_run_that_reads_no_pool_withholds_nothing(tmp_path, algorit
     assert exp.data.coverage["data/server_pool"] == 0
 
 
+@pytest.mark.experiment
 def test_by_default_fedhenn_sets_aside_twice_its_rad_and_the_fingerprints_tell(tmp_path):
     from fedexp.runtime.fingerprint import data_digest
 
@@ -77,6 +80,7 @@ def test_by_default_fedhenn_sets_aside_twice_its_rad_and_the_fingerprints_tell(t
     assert no_rad.data.server_x is None  # a RAD from the clients' inputs needs no pool
 
 
+@pytest.mark.experiment
 def test_the_share_the_clients_hold_counts_the_pool(tmp_path):
     # digits: 1438 training samples; shards keep every one; local splits 0.7 / 0.1 / 0.2
     full = smoke_experiment(tmp_path / "a", "algorithm=fedavg").data.coverage

@@ -4,6 +4,7 @@ whole owners where the data have them; `debug=smoke` caps any dataset at 2000 + 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from tests.conftest import smoke_experiment
 
@@ -49,6 +50,7 @@ def test_owners_are_kept_whole_and_never_fewer_than_the_clients():
     assert len(np.unique(cap_samples(dataset(10, 0, owners), 1, 0, 3).train_client_ids)) == 3
 
 
+@pytest.mark.experiment
 def test_smoke_caps_a_larger_dataset_at_2000_training_and_2000_test_samples(tmp_path):
     root = tmp_path / "big"
     root.mkdir()

@@ -45,6 +45,7 @@ def test_the_test_split_does_not_depend_on_the_validation_split():
     assert all(len(v) == 5 and len(t) == 35 for v, t in zip(val1, train1))
 
 
+@pytest.mark.experiment
 def test_validation_metrics_use_validation_data_only(tmp_path):
     exp = experiment(tmp_path, "algorithm=fedavg")
     data, part = exp.data, exp.data.partition
@@ -64,6 +65,7 @@ def test_validation_metrics_use_validation_data_only(tmp_path):
     assert {"eval/val/global/client_acc_mean", "eval/global/acc"} <= set(m)
 
 
+@pytest.mark.experiment
 def test_personal_validation_metrics_and_auto_objective(tmp_path):
     exp = experiment(tmp_path / "rep", "algorithm=fedrep")
     assert exp.objective == "eval/val/personal/acc_mean"
@@ -81,6 +83,7 @@ def test_personal_validation_metrics_and_auto_objective(tmp_path):
     assert summary.to_dict()["objective"] == {"name": "none", "value": None}
 
 
+@pytest.mark.experiment
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -98,6 +101,7 @@ def test_bad_objectives_and_fractions_are_refused(tmp_path, overrides, message):
         experiment(tmp_path, *overrides)
 
 
+@pytest.mark.experiment
 def test_classes_no_client_holds_are_refused_unless_allowed(tmp_path):
     # 2 clients x 2 classes: 4 of digits' 10 classes, so global accuracy cannot exceed ~0.4
     few = ("num_clients=2", "clients_per_round=2")

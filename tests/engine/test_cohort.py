@@ -78,6 +78,7 @@ def same(a, b) -> bool:
     return a == b
 
 
+@pytest.mark.experiment
 @pytest.mark.parametrize("algorithm", sorted(BATCHED))
 @pytest.mark.parametrize("chunk,stack", [(None, "vmap"), (2, "vmap"), (None, "loop")])
 def test_a_batched_round_equals_the_client_by_client_round(
@@ -108,6 +109,7 @@ def test_a_batched_round_equals_the_client_by_client_round(
         assert rb.num_steps == rp.num_steps and torch.equal(rb.train_loss, rp.train_loss)
 
 
+@pytest.mark.experiment
 def test_the_round_issues_a_few_operations_per_extra_client(tmp_path):
     """Top-level torch operations of a round (no evaluation), cohort 2 against cohort 6: the
     batched round adds the client's shuffle and a copy of its state per client, not a pass over
@@ -151,12 +153,14 @@ def test_cohort_results_read_as_per_client_results():
     assert unstack(ranking, 1).layers[0].tolist() == [2, 1, 0]
 
 
+@pytest.mark.experiment
 def test_an_algorithm_without_batched_hooks_trains_client_by_client(tmp_path):
     exp = experiment(tmp_path, *UNEQUAL, "algorithm=ditto")
     _, _, results = run_rounds(exp, rounds=1)
     assert isinstance(results, list) and len(results) == 5
 
 
+@pytest.mark.experiment
 def test_a_subclass_that_changes_client_begin_is_not_batched_with_its_parents_forms(tmp_path):
     exp = experiment(tmp_path, "algorithm=fedavg")
     alg = exp.algorithm
@@ -174,6 +178,7 @@ def test_a_subclass_that_changes_client_begin_is_not_batched_with_its_parents_fo
     assert calls == [0, 1] and isinstance(results, list)
 
 
+@pytest.mark.experiment
 @pytest.mark.parametrize("algorithm", ["fedavg", "scaffold", "fedrep", "frl"])
 def test_static_shapes_pad_every_chunk_and_train_the_same(tmp_path, algorithm):
     """Chunks of 2 over a cohort of 5: the last chunk is padded with an inactive row; every step
@@ -204,6 +209,7 @@ def test_static_shapes_pad_every_chunk_and_train_the_same(tmp_path, algorithm):
             assert m_b[key] == pytest.approx(value, abs=1e-6), key
 
 
+@pytest.mark.experiment
 @pytest.mark.parametrize("static", [False, True])
 def test_a_batched_round_never_syncs_with_the_host_while_it_trains(tmp_path, static):
     exp = experiment(tmp_path, "algorithm=scaffold", f"executor.static_shapes={static}")
@@ -222,6 +228,7 @@ def test_a_batched_round_never_syncs_with_the_host_while_it_trains(tmp_path, sta
     assert top["aten::randperm"] == 5 * epochs
 
 
+@pytest.mark.experiment
 def test_cuda_graphs_need_cuda_and_sgd_without_dampening(tmp_path):
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match=r"executor.cuda_graphs: needs training on CUDA"):

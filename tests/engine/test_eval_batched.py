@@ -4,6 +4,7 @@ samples whose argmax the two passes' float kernels may settle differently (`near
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
@@ -11,6 +12,8 @@ from fedexp.__main__ import find_conf
 from fedexp.engine.eval.hits import accuracy, client_accuracies
 from fedexp.run import Experiment
 from near_ties import assert_same_accuracies, near_ties
+
+pytestmark = pytest.mark.experiment
 
 
 def test_client_accuracies_equal_the_per_client_loop(tmp_path):

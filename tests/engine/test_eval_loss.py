@@ -112,6 +112,7 @@ def test_uniform_logits_give_log_2():
         assert metrics[key] == pytest.approx(math.log(2), rel=1e-6), key
 
 
+@pytest.mark.experiment
 def test_a_run_records_the_losses_beside_the_accuracies(tmp_path):
     exp = smoke_experiment(tmp_path, "algorithm=ditto")  # a global and personal models
     exp.run()
@@ -125,6 +126,7 @@ def test_a_run_records_the_losses_beside_the_accuracies(tmp_path):
     assert set(LOSS_KEYS) <= summary["metrics"].keys()
 
 
+@pytest.mark.experiment
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedrep"])
 def test_losses_equal_a_per_client_loop(tmp_path, algorithm):
     # the batched passes (one over every client's split; vmapped personal models) against each

@@ -118,6 +118,7 @@ def test_100k_clients_index_tables_and_report_stay_flat(tmp_path):
     assert set(common) <= set(dominant[shown].tolist())
 
 
+@pytest.mark.experiment
 @pytest.mark.parametrize(
     "algorithm,executor,hook",
     [
@@ -155,6 +156,7 @@ def test_batched_personal_evaluation_equals_the_loop(tmp_path, algorithm, execut
     assert 0 < np.nanmean(batched["test"]) <= 1
 
 
+@pytest.mark.experiment
 def test_personal_clients_evaluates_the_same_seeded_sample(tmp_path):
     exp = smoke_experiment(tmp_path, "algorithm=fedrep", "num_clients=20")
     orch = exp.orchestrator()
@@ -169,6 +171,7 @@ def test_personal_clients_evaluates_the_same_seeded_sample(tmp_path):
     assert personal_sample(20, None, 0).tolist() == list(range(20))
 
 
+@pytest.mark.experiment
 @pytest.mark.parametrize(
     "value,message",
     [("0", "eval.personal_clients: must be >= 1"), ("7", "exceeds num_clients=6"),
@@ -179,6 +182,7 @@ def test_personal_clients_bad_values_are_config_errors(tmp_path, value, message)
         smoke_experiment(tmp_path, "algorithm=fedrep", f"eval.personal_clients={value}")
 
 
+@pytest.mark.experiment
 def test_pooled_accuracies_read_in_place_equal_the_gathered_sets(tmp_path):
     """Without an official test split, evaluation reads the pooled test and validation sets in
     place (no copy of them); the values are those of the gathered sets, exactly."""

@@ -24,6 +24,7 @@ def in_process_metrics(tmp_path, *overrides: str) -> dict:
     return metrics
 
 
+@pytest.mark.experiment
 def test_vectorized_with_spilling_store_matches_sequential(tmp_path):
     # FedRep heads (8 kB each) under a 10 kB budget: one head in memory, the others on disk
     threads = torch.get_num_threads()

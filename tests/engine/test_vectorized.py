@@ -142,6 +142,7 @@ def check_topk_uploads(states: dict, choices: dict, fraction: float) -> None:
     assert any(visit > 0 for _, visit in states)  # error feedback is exercised
 
 
+@pytest.mark.experiment
 @pytest.mark.parametrize("algorithm", CASES, ids=lambda c: "-".join(c).replace("algorithm=", ""))
 def test_vectorized_matches_sequential(tmp_path, monkeypatch, algorithm):
     # Prepare
@@ -186,6 +187,7 @@ def test_vectorized_matches_sequential(tmp_path, monkeypatch, algorithm):
             assert m_vec[key] == pytest.approx(value, abs=1e-5), key
 
 
+@pytest.mark.experiment
 def test_runs_that_part_on_a_near_tie_are_compared_on_the_reference_choice(tmp_path, monkeypatch):
     # another CPU's kernels, emulated: the same run but for the first client's trained model,
     # one weight of which moves by less than the executors' tolerance, enough that its delta's

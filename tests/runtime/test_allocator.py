@@ -47,6 +47,7 @@ def probe(keep: bool) -> tuple[str, int]:
     return out[0], int(out[1])
 
 
+@pytest.mark.cli
 @pytest.mark.skipif(
     not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
     reason="glibc's mallopt",

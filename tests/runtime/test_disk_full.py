@@ -88,6 +88,7 @@ def test_another_runtime_error_of_torch_save_keeps_its_traceback(tmp_path, monke
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.experiment
 def test_a_full_disk_at_a_checkpoint_ends_in_one_line_and_keeps_the_last_one(
     tmp_path, monkeypatch, capsys
 ):
@@ -103,6 +104,7 @@ def test_a_full_disk_at_a_checkpoint_ends_in_one_line_and_keeps_the_last_one(
     assert not (run / f"{CHECKPOINT_FILE}.tmp").exists() and not (run / "summary.json").exists()
 
 
+@pytest.mark.experiment
 def test_a_torch_bug_at_a_checkpoint_keeps_its_traceback(tmp_path, monkeypatch, capsys):
     def broken(obj, f, *args, **kwargs):
         raise RuntimeError("a bug in a component's state")
@@ -142,6 +144,7 @@ def test_a_nearly_full_disk_is_refused_before_the_run_starts(tmp_path, monkeypat
     assert not (tmp_path / "run").exists() and (tmp_path / "run").resolve() not in rundir._held
 
 
+@pytest.mark.experiment
 def test_a_full_disk_when_hydra_writes_the_run_dir_is_one_line_and_nothing_is_left(
     tmp_path, monkeypatch, capsys
 ):

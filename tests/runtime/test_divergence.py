@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from conftest import main_in_process
 from fedexp.runtime.checkpoint import CHECKPOINT_FILE
+
+pytestmark = pytest.mark.experiment
 
 # FedAvg on digits with client.lr=10 overflows within 4 rounds (train/loss ~1e21 after round 1)
 EXPLODES = "client.lr=10"

@@ -59,6 +59,7 @@ def same(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(a[k] == b[k] or (nan(a[k]) and nan(b[k])) for k in a)
 
 
+@pytest.mark.experiment
 @pytest.mark.parametrize("name", list(RUNS))
 def test_evaluating_the_saved_models_reproduces_the_final_evaluation(runs, name):
     run_dir, summary = runs(name)
@@ -71,6 +72,7 @@ def test_evaluating_the_saved_models_reproduces_the_final_evaluation(runs, name)
     assert not (run_dir / "checkpoint.pt").exists()
 
 
+@pytest.mark.experiment
 def test_validation_split_and_a_model_without_a_global_model(runs):
     run_dir, summary = runs("fedrep")
     metrics, _ = evaluate_run(run_dir, "val")
@@ -120,6 +122,7 @@ class Stub:
         return None
 
 
+@pytest.mark.experiment
 def test_the_docs_plain_pytorch_snippet_loads_the_models_of_the_run(runs):
     for name in ("fedavg", "ditto"):
         run_dir, summary = runs(name)
@@ -144,6 +147,7 @@ def test_the_docs_plain_pytorch_snippet_loads_the_models_of_the_run(runs):
         assert same(test_metrics(scalars), test_metrics(summary["metrics"]))
 
 
+@pytest.mark.experiment
 def test_frl_saves_its_supermask_network_with_the_voted_mask(runs):
     from fedexp.models.supermask import to_supermask
 
@@ -161,6 +165,7 @@ def test_frl_saves_its_supermask_network_with_the_voted_mask(runs):
     assert same(test_metrics(scalars), test_metrics(summary["metrics"]))
 
 
+@pytest.mark.experiment
 def test_waffle_personal_models_carry_their_factor_masks(runs):
     run_dir, _ = runs("waffle")
     saved = torch.load(run_dir / "model.pt", weights_only=True)
@@ -171,6 +176,7 @@ def test_waffle_personal_models_carry_their_factor_masks(runs):
     assert masks  # the client's factor selection b, which a state_dict leaves out
 
 
+@pytest.mark.experiment
 def test_personal_models_are_written_within_the_client_store_budget(tmp_path):
     exp = smoke_experiment(tmp_path, "algorithm=local")
     one = state_bytes(exp.algorithm.eval_model.state_dict())
@@ -190,6 +196,7 @@ def test_personal_models_are_written_within_the_client_store_budget(tmp_path):
     assert not list(exp.run_dir.glob("*.tmp"))
 
 
+@pytest.mark.experiment
 def test_bad_input_is_one_line_and_exit_2(runs, tmp_path, capsys):
     run_dir, _ = runs("fedavg")
     (tmp_path / "bare" / ".hydra").mkdir(parents=True)
@@ -218,6 +225,7 @@ def test_bad_input_is_one_line_and_exit_2(runs, tmp_path, capsys):
     assert err == f"fedexp.evaluate: error: {bare} has no model.pt (a run writes it when it ends)\n"
 
 
+@pytest.mark.experiment
 def test_other_data_goes_to_a_file_of_its_own(runs, capsys):
     run_dir, summary = runs("fedavg")
     metrics, report = evaluate_run(run_dir, "test", ["dataset.test_fraction=0.3"])
@@ -252,6 +260,7 @@ def test_the_evaluate_cli_reproduces_a_cli_run(cli):
     assert same(written["metrics"], test_metrics(summary["metrics"]))
 
 
+@pytest.mark.experiment
 def test_a_run_dir_saved_before_an_option_was_added_is_evaluated(runs):
     # FRL's lr options did not exist when older run dirs were saved: their configs lack them
     run_dir, summary = runs("frl")

@@ -18,6 +18,8 @@ from fedexp.runtime import run_dir as rundir
 from fedexp.runtime.checkpoint import CHECKPOINT_FILE
 from fedexp.runtime.final_model import MODEL_FILE
 
+pytestmark = pytest.mark.experiment
+
 SMOKE = ("debug=smoke", "eval_every=1", "checkpoint_every=1")  # 2 rounds
 
 

@@ -57,6 +57,7 @@ def one_line(err: str) -> str:
     return lines[0]
 
 
+@pytest.mark.experiment
 def test_a_fresh_run_into_a_dir_with_results_is_refused_and_changes_nothing(
     tmp_path, monkeypatch, capsys
 ):
@@ -71,6 +72,8 @@ def test_a_fresh_run_into_a_dir_with_results_is_refused_and_changes_nothing(
     assert snapshot(tmp_path / "run") == before  # .hydra/ and the log included
 
 
+@pytest.mark.cli
+@pytest.mark.experiment
 def test_a_fresh_run_is_refused_while_another_process_holds_the_dir(tmp_path, monkeypatch, capsys):
     holder = hold_lock(tmp_path / "run")
     try:
@@ -83,6 +86,7 @@ def test_a_fresh_run_is_refused_while_another_process_holds_the_dir(tmp_path, mo
     assert [p.name for p in (tmp_path / "run").iterdir()] == [LOCK_FILE]  # no .hydra written
 
 
+@pytest.mark.cli
 def test_a_resume_is_refused_while_the_run_is_still_going(
     compose_cfg, lifecycle, tmp_path, monkeypatch, capsys
 ):
@@ -107,6 +111,7 @@ def test_a_resume_is_refused_while_the_run_is_still_going(
     assert [r["round"] for r in lifecycle.rows(run_dir)] == [1, 2, 3]
 
 
+@pytest.mark.cli
 def test_the_os_releases_the_lock_when_its_holder_is_killed(tmp_path):
     holder = hold_lock(tmp_path / "run")
     holder.send_signal(signal.SIGKILL)
@@ -115,6 +120,7 @@ def test_the_os_releases_the_lock_when_its_holder_is_killed(tmp_path):
     discard(claimed)
 
 
+@pytest.mark.experiment
 def test_a_refused_config_in_an_existing_dir_removes_only_what_it_wrote(
     tmp_path, monkeypatch, capsys
 ):
@@ -131,6 +137,7 @@ def summary(job_dir: Path) -> dict:
     return json.loads((job_dir / "summary.json").read_text())
 
 
+@pytest.mark.experiment
 def test_a_sweep_runs_every_job_whose_config_is_good(tmp_path, monkeypatch, capsys):
     args = ("-m", "debug=smoke", "rounds=1", "client.lr=0.05,-1,0.1", "hydra.sweep.dir=sweep")
     code, err = cli(tmp_path, monkeypatch, capsys, *args)
@@ -147,6 +154,7 @@ def test_a_sweep_runs_every_job_whose_config_is_good(tmp_path, monkeypatch, caps
     assert snapshot(tmp_path / "sweep") == before
 
 
+@pytest.mark.experiment
 def test_a_sweep_whose_first_job_is_refused_runs_the_next(tmp_path, monkeypatch, capsys):
     args = ("-m", "debug=smoke", "rounds=1", "attack=none,scaling", "attack.fraction=0.2")
     code, _ = cli(tmp_path, monkeypatch, capsys, *args, "hydra.sweep.dir=sweep")
@@ -156,6 +164,7 @@ def test_a_sweep_whose_first_job_is_refused_runs_the_next(tmp_path, monkeypatch,
     assert jobs[0]["error"].startswith("attack.fraction: 0.2 with attack=none")
 
 
+@pytest.mark.experiment
 def test_sweep_jobs_spill_client_state_to_dirs_of_their_own_removed_at_the_end(
     tmp_path, monkeypatch, capsys
 ):
@@ -180,6 +189,7 @@ def run_dirs(root: Path) -> list[Path]:
     return sorted(p.parent for p in root.rglob("summary.json"))
 
 
+@pytest.mark.cli
 @pytest.mark.slow
 def test_parallel_jobs_survive_a_refused_job_and_a_live_run_keeps_its_dir(tmp_path):
     """Through real processes: joblib jobs, and a second writer while a run is going."""

@@ -77,6 +77,7 @@ def test_a_full_disk_at_a_checkpoint_keeps_the_last_one_and_the_resume_is_exact(
     assert lifecycle.rows(run) == lifecycle.rows(tmp_path / "ref")
 
 
+@pytest.mark.experiment
 def test_a_full_disk_at_a_metrics_row_ends_in_one_line(tmp_path, monkeypatch, capsys):
     real_open, appends = Path.open, []
 
@@ -111,6 +112,7 @@ def test_a_full_disk_at_a_metrics_row_ends_in_one_line(tmp_path, monkeypatch, ca
     assert torch.load(run / CHECKPOINT_FILE, weights_only=True)["round"] == 1
 
 
+@pytest.mark.experiment
 def test_a_run_dir_removed_mid_run_ends_in_one_line(tmp_path, monkeypatch, capsys):
     fault = ("+logger.fault._target_=faults.RemoveRunDir", "+logger.fault.round_idx=2")
     code, err = cli(tmp_path, monkeypatch, capsys, *SMOKE, *fault, "hydra.run.dir=run")
@@ -121,6 +123,7 @@ def test_a_run_dir_removed_mid_run_ends_in_one_line(tmp_path, monkeypatch, capsy
     )
 
 
+@pytest.mark.experiment
 def test_a_second_sigterm_stops_at_once_with_the_conventional_code(tmp_path, monkeypatch, capsys):
     fault = ("+logger.fault._target_=faults.SignalTwice", "+logger.fault.round_idx=2")
     code, err = cli(tmp_path, monkeypatch, capsys, *SMOKE, *fault, "hydra.run.dir=run")
@@ -133,6 +136,7 @@ def test_a_second_sigterm_stops_at_once_with_the_conventional_code(tmp_path, mon
     assert torch.load(run / CHECKPOINT_FILE, weights_only=True)["round"] == 1
 
 
+@pytest.mark.experiment
 def test_a_sweep_job_that_raises_is_recorded_with_its_error(tmp_path, monkeypatch, capsys):
     args = ("-m", *SMOKE, "rounds=1", "+logger.fault._target_=faults.FailAt")
     args += ("+logger.fault.round_idx=1", "+hydra.callbacks.sweep_summary.report=false")

@@ -83,6 +83,7 @@ def test_a_resumed_run_keeps_its_count_under_auto_only(clean_env):
         torch.set_num_threads(before)
 
 
+@pytest.mark.experiment
 def test_an_auto_run_on_a_large_step_takes_the_idle_cores_and_records_them(clean_env, tmp_path):
     clean_env.setattr("os.sched_getaffinity", lambda pid: {0, 1})
     clean_env.setattr("fedexp.runtime.threads.idle_cores", lambda: 2.0)
@@ -124,6 +125,7 @@ def test_bad_settings_are_refused(bad):
         choose_threads(bad, CPU)
 
 
+@pytest.mark.experiment
 def test_the_chosen_count_is_applied_and_reported(tmp_path):
     before = torch.get_num_threads()
     try:
