@@ -156,46 +156,77 @@ def load_hf(
     """
     _check_options(path, image_key, text_key, feature_keys, tokenizer, seq_len, test_fraction)
     pixel_range = check_pixel_range(pixel_range)
-    # a problem with the data names the option that located it: the file or directory given as
-    # dataset.path, or dataset.data_dir where a Hub name's copy is kept
-    given = Path(str(path)).expanduser().exists()
-    with data_key("dataset.path" if given else "dataset.data_dir"):
+    with data_key(_located_by(path)):
         root = dataset_root(str(path), data_dir, download, name, revision)
         splits, used = splits_used(root, train_split, test_split)
-        labels, count, names = _encode_labels(
-            [_column(splits[s], label_key, "label_key", s) for s in used],
-            _class_names(splits, label_key, used),
-            num_classes,
-            used,
-        )
-        owners = None
-        if client_key is not None:
-            column = list(_column(splits[train_split], client_key, "client_key", train_split))
-            if None in column:  # str(None) would make one client of every row without an owner
-                raise data_error(
-                    f"{root}: split {train_split}, column {client_key}",
-                    f"row {column.index(None)} has no owner (null)",
-                )
-            owners = owner_ids([str(v) for v in column])
+        labels, count, names = _labels(splits, used, label_key, num_classes)
+        owners = _owners(splits[train_split], root, client_key, train_split)
+        held = (labels, count, owners, test_fraction, seed)
         if feature_keys is not None:
-            keys = _feature_keys(
-                feature_keys, splits[train_split], label_key, client_key, train_split
-            )
-            tables = [_features(splits[s], keys, root, s) for s in used]
-            data = _vector_dataset(root, tables, labels, count, owners, test_fraction, seed)
+            data = _vector_input(root, splits, used, (feature_keys, label_key, client_key), held)
         elif image_key is not None:
-            inputs = [_column(splits[s], image_key, "image_key", s) for s in used]
-            images = [
-                _images(c, f"{root}: split {s}, column {image_key}", pixel_range)
-                for c, s in zip(inputs, used)
-            ]
-            data = _image_dataset(root, used, images, labels, count, owners, test_fraction, seed)
+            data = _image_input(root, splits, used, image_key, pixel_range, held)
         else:
-            inputs = [_column(splits[s], text_key, "text_key", s) for s in used]
             text = (tokenizer, seq_len, min_count, max_vocab)
-            data = _text_dataset(root, inputs, labels, count, owners, *text, test_fraction, seed)
+            data = _text_input(root, splits, used, text_key, text, held)
         data.class_names = names
         return data
+
+
+def _located_by(path) -> str:
+    """The option a problem with the data names: `dataset.path` for the file or directory given
+    there, `dataset.data_dir` where a Hub name's copy is kept."""
+    return "dataset.path" if Path(str(path)).expanduser().exists() else "dataset.data_dir"
+
+
+def _labels(splits: dict[str, Any], used: list[str], label_key: str, num_classes: int | None):
+    """(label arrays of the used splits, the class count, the class names): `_encode_labels`."""
+    return _encode_labels(
+        [_column(splits[s], label_key, "label_key", s) for s in used],
+        _class_names(splits, label_key, used),
+        num_classes,
+        used,
+    )
+
+
+def _owners(split: Any, root: Path, client_key: str | None, split_name: str) -> np.ndarray | None:
+    """Each training row's owner id (`client_key`; None without one); a row without one is
+    refused."""
+    if client_key is None:
+        return None
+    column = list(_column(split, client_key, "client_key", split_name))
+    if None in column:  # str(None) would make one client of every row without an owner
+        raise data_error(
+            f"{root}: split {split_name}, column {client_key}",
+            f"row {column.index(None)} has no owner (null)",
+        )
+    return owner_ids([str(v) for v in column])
+
+
+def _vector_input(root: Path, splits: dict[str, Any], used: list[str], keys, held) -> Dataset:
+    """`feature_keys` ((feature_keys, label_key, client_key)) as vectors: `_vector_dataset`."""
+    feature_keys, label_key, client_key = keys
+    columns = _feature_keys(feature_keys, splits[used[0]], label_key, client_key, used[0])
+    tables = [_features(splits[s], columns, root, s) for s in used]
+    return _vector_dataset(root, tables, *held)
+
+
+def _image_input(root: Path, splits: dict[str, Any], used, image_key: str, pixel_range, held):
+    """The `image_key` column as images: `_image_dataset`."""
+    inputs = [_column(splits[s], image_key, "image_key", s) for s in used]
+    images = [
+        _images(c, f"{root}: split {s}, column {image_key}", pixel_range)
+        for c, s in zip(inputs, used)
+    ]
+    return _image_dataset(root, used, images, *held)
+
+
+def _text_input(root: Path, splits: dict[str, Any], used, text_key: str, text, held) -> Dataset:
+    """The `text_key` column as texts ((tokenizer, seq_len, min_count, max_vocab)):
+    `_text_dataset`."""
+    inputs = [_column(splits[s], text_key, "text_key", s) for s in used]
+    labels, count, owners, test_fraction, seed = held
+    return _text_dataset(root, inputs, labels, count, owners, *text, test_fraction, seed)
 
 
 def _check_options(path, image_key, text_key, feature_keys, tokenizer, seq_len, test_fraction):

@@ -72,6 +72,34 @@ def read_json(path: Path) -> object:
         raise data_error(path, f"cannot be read ({one_line(err)})") from None
 
 
+def _read_users(blob, path: Path, seen: dict[str, Path], convert_x, num_classes, out) -> None:
+    """The users of one parsed LEAF file appended to `out` (x chunks, y, user per sample), in
+    file order; `seen` (user -> the file that listed it) refuses a user listed twice."""
+    chunks, ys, users = out
+    names, counts = blob["users"], blob.get("num_samples")
+    if counts is not None and len(counts) != len(names):
+        raise data_error(path, f"{len(names)} users but {len(counts)} num_samples")
+    for k, user in enumerate(names):
+        where = f"{path}: user {user}"
+        if str(user) in seen:
+            also = "" if seen[str(user)] == path else f" (also in {seen[str(user)]})"
+            raise data_error(where, f"listed twice{also}")
+        seen[str(user)] = path
+        x, y = blob["user_data"][user]["x"], blob["user_data"][user]["y"]
+        if not isinstance(x, list) or not isinstance(y, list):
+            raise TypeError(f"user {user}: x and y must be lists")
+        if len(x) != len(y):
+            raise data_error(where, f"{len(x)} samples in x but {len(y)} labels in y")
+        if counts is not None and counts[k] != len(y):
+            raise data_error(where, f"num_samples says {counts[k]}, x and y hold {len(y)}")
+        try:
+            chunks.append(convert_x(x))
+        except ValueError as err:
+            raise data_error(where, str(err)) from None
+        ys.extend(check_labels(where, y, num_classes).tolist() if num_classes else y)
+        users.extend([str(user)] * len(y))
+
+
 def read_leaf_json(
     files: list[Path], convert_x=list, num_classes: int | None = None
 ) -> tuple[list, list, list[str]]:
@@ -97,28 +125,7 @@ def read_leaf_json(
             log.info("reading LEAF JSON %d/%d: %s (%.1f MB)", number, len(files), path, size / 1e6)
         blob = read_json(path)
         try:
-            names, counts = blob["users"], blob.get("num_samples")
-            if counts is not None and len(counts) != len(names):
-                raise data_error(path, f"{len(names)} users but {len(counts)} num_samples")
-            for k, user in enumerate(names):
-                where = f"{path}: user {user}"
-                if str(user) in seen:
-                    also = "" if seen[str(user)] == path else f" (also in {seen[str(user)]})"
-                    raise data_error(where, f"listed twice{also}")
-                seen[str(user)] = path
-                x, y = blob["user_data"][user]["x"], blob["user_data"][user]["y"]
-                if not isinstance(x, list) or not isinstance(y, list):
-                    raise TypeError(f"user {user}: x and y must be lists")
-                if len(x) != len(y):
-                    raise data_error(where, f"{len(x)} samples in x but {len(y)} labels in y")
-                if counts is not None and counts[k] != len(y):
-                    raise data_error(where, f"num_samples says {counts[k]}, x and y hold {len(y)}")
-                try:
-                    chunks.append(convert_x(x))
-                except ValueError as err:
-                    raise data_error(where, str(err)) from None
-                ys.extend(check_labels(where, y, num_classes).tolist() if num_classes else y)
-                users.extend([str(user)] * len(y))
+            _read_users(blob, path, seen, convert_x, num_classes, (chunks, ys, users))
         except (KeyError, TypeError, AttributeError) as err:
             raise data_error(
                 path, f"not LEAF JSON (users/num_samples/user_data/x/y; {err!r})"

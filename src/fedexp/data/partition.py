@@ -183,6 +183,26 @@ def natural_clients(
     return min(eligible, num_clients)
 
 
+def _group_classes(
+    labels: np.ndarray,
+    num_classes: int | None,
+    majority_classes: list[int] | None,
+    minority_classes: list[int] | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """`multimodal`'s (majority classes, minority classes): as given, else the odd and the even
+    classes; the two sets must be disjoint."""
+    classes = np.arange(num_classes) if num_classes is not None else np.unique(labels)
+    major = np.array(
+        [c for c in classes if c % 2 == 1] if majority_classes is None else majority_classes
+    )
+    minor = np.array(
+        [c for c in classes if c % 2 == 0] if minority_classes is None else minority_classes
+    )
+    if set(major.tolist()) & set(minor.tolist()):
+        raise ConfigError("partition.majority_classes: must be disjoint from minority_classes")
+    return major, minor
+
+
 def multimodal(
     labels: np.ndarray,
     num_clients: int,
@@ -204,15 +224,7 @@ def multimodal(
     that every class can supply); samples left over are unused. Returns (parts, group labels).
     """
     z = classes_per_client
-    classes = np.arange(num_classes) if num_classes is not None else np.unique(labels)
-    major = np.array(
-        [c for c in classes if c % 2 == 1] if majority_classes is None else majority_classes
-    )
-    minor = np.array(
-        [c for c in classes if c % 2 == 0] if minority_classes is None else minority_classes
-    )
-    if set(major.tolist()) & set(minor.tolist()):
-        raise ConfigError("partition.majority_classes: must be disjoint from minority_classes")
+    major, minor = _group_classes(labels, num_classes, majority_classes, minority_classes)
     num_minority = int(round(num_clients / (group_ratio + 1)))
     if group_ratio < 1 or not 1 <= num_minority < num_clients:
         raise ConfigError(
