@@ -192,6 +192,37 @@ class Components:
     checkpoint: dict | None = None  # the checkpoint a resumed run continues from
 
 
+def _model_factory(cfg: DictConfig, data) -> tuple[partial, dict]:
+    """(the model factory, the arguments it was given) of `cfg.model` for this data."""
+    factory = build(cfg.model, "model")
+    # a model factory takes (input_shape, num_classes, **dataset.model_kwargs); a model
+    # *family* (heterogeneous clients) also takes `arch` in range(model.num_archs)
+    model_args = dict(
+        input_shape=data.input_shape, num_classes=data.num_classes, **data.dataset.model_kwargs
+    )
+    # a LightningModule of the user's gets the arguments its __init__ names (maybe none)
+    return partial(factory, **factory_arguments(factory, model_args)), model_args
+
+
+def _attack(cfg: DictConfig, ctx: BuildContext, algorithm, num_clients: int):
+    """`cfg.attack` built, checked against the algorithm and the cohort, and set up over the
+    clients there are: fewer than num_clients where a natural split has fewer owners."""
+    attack = build(cfg.attack, "attack")
+    attack.check_target(algorithm)
+    attack.setup(ctx, num_clients)
+    attack.check_cohort(num_clients, cfg.clients_per_round)
+    return attack
+
+
+def _executor(cfg: DictConfig, algorithm, num_clients: int):
+    """`cfg.executor` built; what it cannot train is refused before training."""
+    executor = build(cfg.executor, "executor")
+    check_executor = getattr(executor, "check_algorithm", None)
+    if check_executor is not None:
+        check_executor(algorithm, num_clients)
+    return executor
+
+
 def build_components(cfg: DictConfig, run_dir: str | Path, resume: bool = False) -> Components:
     """Validate `cfg` and build every component; with `resume=True` the run dir's checkpoint is
     loaded and checked first (a bad one is a ConfigError before anything is built)."""
@@ -214,14 +245,7 @@ def build_components(cfg: DictConfig, run_dir: str | Path, resume: bool = False)
     data = build_data(cfg, device)
     check_resumed_data(checkpoint, data)  # the same data as the checkpoint's
     validate_data(cfg, data)  # checks that need data facts (input shape, classes)
-    factory = build(cfg.model, "model")
-    # a model factory takes (input_shape, num_classes, **dataset.model_kwargs); a model
-    # *family* (heterogeneous clients) also takes `arch` in range(model.num_archs)
-    model_args = dict(
-        input_shape=data.input_shape, num_classes=data.num_classes, **data.dataset.model_kwargs
-    )
-    # a LightningModule of the user's gets the arguments its __init__ names (maybe none)
-    model_factory = partial(factory, **factory_arguments(factory, model_args))
+    model_factory, model_args = _model_factory(cfg, data)
     resumed = checkpoint.get("threads") if checkpoint is not None else None
     if resumed is not None or measures_step(setting, device):  # auto: from the step's size
         flops = (
@@ -244,15 +268,8 @@ def build_components(cfg: DictConfig, run_dir: str | Path, resume: bool = False)
     algorithm = build(cfg.algorithm, "algorithm", ctx=ctx)
     check_aggregator(ctx.aggregator, algorithm)
     objective = resolve_objective(str(cfg.get("objective", "auto")), algorithm, data.has_val)
-    attack = build(cfg.attack, "attack")
-    attack.check_target(algorithm)
-    # the clients there are: fewer than num_clients where a natural split has fewer owners
-    attack.setup(ctx, data.num_clients)
-    attack.check_cohort(data.num_clients, cfg.clients_per_round)
-    executor = build(cfg.executor, "executor")
-    check_executor = getattr(executor, "check_algorithm", None)
-    if check_executor is not None:  # what the executor cannot train is refused before training
-        check_executor(algorithm, data.num_clients)
+    attack = _attack(cfg, ctx, algorithm, data.num_clients)
+    executor = _executor(cfg, algorithm, data.num_clients)
     # audits watch the run at its evaluations (privacy=mia, ...)
     audits = [build(cfg.privacy, "privacy", ctx=ctx)] if cfg.get("privacy") else []
     c = Components(
