@@ -69,6 +69,32 @@ def personal_sample(num_clients: int, count: int | None, seed: int) -> np.ndarra
     return np.sort(rng.choice(num_clients, count, replace=False))
 
 
+def _global_metrics(model, data, splits, prefix: dict) -> tuple[dict[str, float], list[float]]:
+    """`evaluate`'s measures of the global model, on the pooled sets and on each client's local
+    splits, and each client's test accuracy."""
+    metrics: dict[str, float] = {}
+    # one pass over each local split gives both the pooled measures (the union of the
+    # local splits) and every client's
+    outcomes = {s: sample_outcomes(model, data.x, data.y, data.local_index(s)[0]) for s in splits}
+    for split in splits:
+        hits, losses = outcomes[split]
+        if split == "test" and not data.test_is_pooled:
+            hits, losses = sample_outcomes(model, data.test_x, data.test_y)
+        metrics[f"{prefix[split]}/global/acc"] = mean_hits(hits)
+        metrics[f"{prefix[split]}/global/loss"] = mean_of(losses)
+    for split in splits:
+        hits, losses = outcomes[split]
+        accs = accuracies_from_hits(hits, data, split)
+        # the global model on each client's split: eval/global/client_acc_mean|std|...
+        spread = distribution(f"{prefix[split]}/global/client", accs)
+        metrics.update({k.replace("client/acc", "client_acc"): v for k, v in spread.items()})
+        client_losses = losses_from_samples(losses, data, split)
+        metrics[f"{prefix[split]}/global/client_loss_mean"] = client_mean(client_losses)
+        if split == "test":
+            test_accs = accs.tolist()
+    return metrics, test_accs
+
+
 def evaluate(
     algorithm: Algorithm,
     state: ServerState,
@@ -96,27 +122,8 @@ def evaluate(
     prefix = {"test": "eval", "val": "eval/val"}
     model = algorithm.global_model(state)
     if model is not None:
-        # one pass over each local split gives both the pooled measures (the union of the
-        # local splits) and every client's
-        outcomes = {
-            s: sample_outcomes(model, data.x, data.y, data.local_index(s)[0]) for s in splits
-        }
-        for split in splits:
-            hits, losses = outcomes[split]
-            if split == "test" and not data.test_is_pooled:
-                hits, losses = sample_outcomes(model, data.test_x, data.test_y)
-            metrics[f"{prefix[split]}/global/acc"] = mean_hits(hits)
-            metrics[f"{prefix[split]}/global/loss"] = mean_of(losses)
-        for split in splits:
-            hits, losses = outcomes[split]
-            accs = accuracies_from_hits(hits, data, split)
-            # the global model on each client's split: eval/global/client_acc_mean|std|...
-            spread = distribution(f"{prefix[split]}/global/client", accs)
-            metrics.update({k.replace("client/acc", "client_acc"): v for k, v in spread.items()})
-            client_losses = losses_from_samples(losses, data, split)
-            metrics[f"{prefix[split]}/global/client_loss_mean"] = client_mean(client_losses)
-            if split == "test":
-                per_client["global"] = accs.tolist()
+        found, per_client["global"] = _global_metrics(model, data, splits, prefix)
+        metrics.update(found)
     clients = personal_sample(data.num_clients, personal_clients, seed)
     personal = personal_outcomes(algorithm, state, data, clients, splits)
     for split in splits if personal is not None else ():

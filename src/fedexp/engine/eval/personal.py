@@ -16,6 +16,7 @@ client's mean cross-entropy (`personal_outcomes`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -164,7 +165,7 @@ def _evaluate(
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """One batch's clients: vmapped forward over their padded local data, exact hit counts and
     the summed cross-entropy of the real samples; per split (accuracies, mean losses)."""
-    model, device = batch.model, data.x.device
+    model = batch.model
     modules = dict(model.named_modules())
     touched = set(batch.attrs) | set(batch.shared_attrs)
     saved = {name: dict(vars(modules[name])) for name in touched}
@@ -191,36 +192,45 @@ def _evaluate(
     try:
         for name, values in batch.shared_attrs.items():
             vars(modules[name]).update(values)
+        forward_batch = partial(batched_forward, batch.stacked, batch.attrs)  # inputs -> logits
         for split in splits:
-            flat, offsets = data.local_index(split)
-            n = offsets[ids + 1] - offsets[ids]
-            if n.max(initial=0) == 0:
-                out[split] = (np.full(len(ids), np.nan), np.full(len(ids), np.nan))
-                continue
-            width = int(n.max())
-            window = max(1, EVAL_BATCH // len(ids))
-            hits = torch.zeros(len(ids), dtype=torch.long, device=device)
-            loss = torch.zeros(len(ids), dtype=torch.float64, device=device)
-            for lo in range(0, width, window):
-                cols = np.arange(lo, min(lo + window, width))
-                valid = cols[None, :] < n[:, None]
-                pos = np.where(valid, offsets[ids][:, None] + cols[None, :], 0)
-                idx = flat[torch.as_tensor(pos, device=device)]
-                logits = batched_forward(batch.stacked, batch.attrs, data.x[idx])
-                real = torch.as_tensor(valid, device=device)
-                right = (logits.argmax(-1) == data.y[idx]) & real
-                hits += right.sum(1)
-                ce = F.cross_entropy(
-                    logits.flatten(0, 1).double(), data.y[idx].flatten().long(), reduction="none"
-                )
-                loss += torch.where(real, ce.view(real.shape), 0.0).sum(1)
-            total = torch.as_tensor(n, device=device).float()
-            acc = (hits.float() / total).double().cpu().numpy()  # float32, as accuracy's mean
-            mean_loss = (loss / total.double()).cpu().numpy()
-            out[split] = (np.where(n > 0, acc, np.nan), np.where(n > 0, mean_loss, np.nan))
+            out[split] = _split_outcomes(forward_batch, ids, data, split)
     finally:
         for name, values in saved.items():
             vars(modules[name]).clear()
             vars(modules[name]).update(values)
         model.train(was_training)
     return out
+
+
+def _split_outcomes(forward, ids: np.ndarray, data, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """(accuracies, mean losses) of the clients `ids` on their local `split`: their padded
+    samples through `forward` (each client's inputs, stacked -> its logits), a window of
+    columns at a time; exact hit counts and the summed cross-entropy of the real samples. NaN
+    for a client without samples in the split."""
+    device = data.x.device
+    flat, offsets = data.local_index(split)
+    n = offsets[ids + 1] - offsets[ids]
+    if n.max(initial=0) == 0:
+        return np.full(len(ids), np.nan), np.full(len(ids), np.nan)
+    width = int(n.max())
+    window = max(1, EVAL_BATCH // len(ids))
+    hits = torch.zeros(len(ids), dtype=torch.long, device=device)
+    loss = torch.zeros(len(ids), dtype=torch.float64, device=device)
+    for lo in range(0, width, window):
+        cols = np.arange(lo, min(lo + window, width))
+        valid = cols[None, :] < n[:, None]
+        pos = np.where(valid, offsets[ids][:, None] + cols[None, :], 0)
+        idx = flat[torch.as_tensor(pos, device=device)]
+        logits = forward(data.x[idx])
+        real = torch.as_tensor(valid, device=device)
+        right = (logits.argmax(-1) == data.y[idx]) & real
+        hits += right.sum(1)
+        ce = F.cross_entropy(
+            logits.flatten(0, 1).double(), data.y[idx].flatten().long(), reduction="none"
+        )
+        loss += torch.where(real, ce.view(real.shape), 0.0).sum(1)
+    total = torch.as_tensor(n, device=device).float()
+    acc = (hits.float() / total).double().cpu().numpy()  # float32, as accuracy's mean
+    mean_loss = (loss / total.double()).cpu().numpy()
+    return np.where(n > 0, acc, np.nan), np.where(n > 0, mean_loss, np.nan)
