@@ -96,6 +96,10 @@ class AlignmentOptions:
             "representations applies to variant=heterogeneous; homogeneous clients upload "
             "FedAvg's weights",
         )
+        self._validate_rad(data)
+
+    def _validate_rad(self, data) -> None:
+        """Where the RAD is drawn from, and that it can be drawn there."""
         _check(
             self.rad_source in RAD_SOURCES,
             "rad_source",
