@@ -24,7 +24,7 @@ import torch
 from omegaconf import open_dict
 from torch.profiler import ProfilerActivity, profile
 
-from bench import WORKLOADS, fedexp_config
+from bench_workloads import WORKLOADS, fedexp_config
 from fedexp.core.types import ConfigError
 from fedexp.run import Experiment
 

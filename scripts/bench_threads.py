@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from bench import WORKLOADS, fedexp_config, run_fedexp
+from bench_workloads import WORKLOADS, fedexp_config, run_fedexp
 from fedexp.run import Experiment
 from fedexp.runtime.threads import available_cores
 
