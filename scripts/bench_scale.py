@@ -42,17 +42,12 @@ def peak_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def measure_one(clients: int, algorithm: str, cache: str, run_dir: str) -> dict:
-    """One run in this process: setup, one round, its evaluation; times and memory."""
-    import torch
+def scale_config(clients: int, algorithm: str, cache: str):
+    """The run's config, composed by Hydra from conf/ as the CLI composes it."""
     from hydra import compose, initialize_config_dir
 
-    import fedexp.engine.orchestrator as orchestrator_module
     from fedexp.config.build import find_conf
-    from fedexp.data.partition_report import write_partition_stats
-    from fedexp.run import Experiment
 
-    torch.set_num_threads(1)
     overrides = [
         "threads=1",
         "dataset=synthetic",
@@ -67,7 +62,19 @@ def measure_one(clients: int, algorithm: str, cache: str, run_dir: str) -> dict:
         f"paths.cache_dir={cache}",
     ]
     with initialize_config_dir(config_dir=find_conf(), version_base="1.3"):
-        cfg = compose("config", overrides=overrides)
+        return compose("config", overrides=overrides)
+
+
+def measure_one(clients: int, algorithm: str, cache: str, run_dir: str) -> dict:
+    """One run in this process: setup, one round, its evaluation; times and memory."""
+    import torch
+
+    import fedexp.engine.orchestrator as orchestrator_module
+    from fedexp.data.partition_report import write_partition_stats
+    from fedexp.run import Experiment
+
+    torch.set_num_threads(1)
+    cfg = scale_config(clients, algorithm, cache)
     base = rss_bytes()
     start = time.perf_counter()
     exp = Experiment(cfg, run_dir)

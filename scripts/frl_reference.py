@@ -286,8 +286,14 @@ def measure(opts) -> dict:
             )
         for side, fn in runs.items():
             sides[side][str(seed)] = {"clean": fn(False), "attacked": fn(True)}
+    setting = describe(opts, cfg, seeds, splits[str(seeds[0])])
+    return {"setting": setting, "splits": splits, "sides": sides}
+
+
+def describe(opts, cfg, seeds: list[int], split0: dict) -> dict:
+    """The results' `setting`: what was run (the last seed's config, the first seed's split),
+    the command that measures it again, and the attackers' rule; the doc's tables print it."""
     c = cfg.client
-    split0 = splits[str(seeds[0])]
     num_clients = len(split0["order"])
     num_attackers = int(opts.attack_fraction * num_clients)
     rule = SAME if opts.attackers == "same" else OWN
@@ -300,7 +306,7 @@ def measure(opts) -> dict:
     command += "".join(f" --override {o}" for o in opts.overrides if not o.startswith("rounds="))
     if opts.attackers != "same":
         command += f" --attackers {opts.attackers}"
-    setting = {
+    return {
         "preset": PRESET,
         "overrides": opts.overrides,
         "seeds": seeds,
@@ -327,7 +333,6 @@ def measure(opts) -> dict:
         "labels": LABELS,
         "results": opts.results,
     }
-    return {"setting": setting, "splits": splits, "sides": sides}
 
 
 def dump(results: dict) -> str:
