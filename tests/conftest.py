@@ -243,10 +243,12 @@ def cli_in_process(tmp_path, monkeypatch, capsys):
 
 
 # Markers for the edit-test loop (`make test-fast` deselects both), by folder and by fixture:
-# `cli` for a test under tests/cli or one using a fixture that starts a process, `experiment` for
-# one using a fixture that builds a whole Experiment (in this process or through the CLI's main).
-# A test that does either without such a fixture marks itself (`pytestmark` or a decorator).
-FOLDER_MARKERS = {"cli": ("cli",)}
+# `cli` for the tests of an entry point (tests/cli: the CLI, sweeps, evaluate; tests/claims and
+# tests/report: `python -m fedexp.claims` and `python -m fedexp.report`) and for a test using a
+# fixture that starts a process; `experiment` for a test using a fixture that builds a whole
+# Experiment (in this process or through the CLI's main). A test that does either without such a
+# fixture marks itself (`pytestmark` or a decorator).
+FOLDER_MARKERS = {"cli": ("cli",), "claims": ("cli",), "report": ("cli",)}
 FIXTURE_MARKERS = {
     "cli": ("cli",),
     "cli_in_process": ("experiment",),

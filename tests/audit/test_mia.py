@@ -1,4 +1,5 @@
-"""The membership-inference attack: beats chance on an overfit model, not on a random one."""
+"""The membership-inference attack: beats chance on an overfit model, not on a random one; the
+shadows' label-matched in / out sets."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedexp.audit.mia import attack_accuracy, attack_features, fit_attack
+from fedexp.audit.mia import attack_accuracy, attack_features, fit_attack, mimic_split
 
 DIM, CLASSES, N = 20, 10, 60
 
@@ -64,3 +65,21 @@ def test_features_are_sorted_probabilities_and_true_label_log_probability():
     feats = attack_features(net, torch.tensor([[float(np.log(2.0)), 0.0]]), torch.tensor([0]))
     # logits (0, log 2, 0): softmax (1/4, 1/2, 1/4)
     assert np.allclose(feats, [[0.5, 0.25, 0.25, np.log(0.25)]])
+
+
+def test_shadow_sets_follow_the_targets_label_histogram():
+    pool = np.array([0] * 10 + [1] * 4 + [2] * 10)
+    ins, outs = mimic_split(np.random.default_rng(0), pool, np.array([0, 0, 1]), cap=100)
+    assert sorted(pool[ins]) == [0, 0, 1] and sorted(pool[outs]) == [0, 0, 1]
+    assert not set(ins) & set(outs)
+    # 8 + 8 wanted; label 1 has 4 in the pool (2 in, 2 out): both labels scale to 2
+    ins, outs = mimic_split(np.random.default_rng(0), pool, np.array([0] * 8 + [1] * 8), cap=100)
+    assert sorted(pool[ins]) == [0, 0, 1, 1] and sorted(pool[outs]) == [0, 0, 1, 1]
+    # the cap scales evenly: 4 : 2 of 6 -> 2 : 1 of 3
+    ins, _ = mimic_split(np.random.default_rng(0), pool, np.array([0] * 4 + [2] * 2), cap=3)
+    assert sorted(pool[ins]) == [0, 0, 2]
+    # a label the pool lacks is left out; none at all: empty sets
+    ins, _ = mimic_split(np.random.default_rng(0), pool, np.array([0, 7]), cap=100)
+    assert sorted(pool[ins]) == [0]
+    ins, outs = mimic_split(np.random.default_rng(0), pool, np.array([7]), cap=100)
+    assert len(ins) == len(outs) == 0

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from fedexp.core.callbacks import RoundReport
 from fedexp.core.summary import Objective, RunSummary, Timing
 from fedexp.loggers import progress
 from fedexp.loggers.progress import ProgressLines, progress_callbacks
+
+# what the command line prints
+pytestmark = pytest.mark.cli
 
 
 def test_a_smoke_run_prints_its_round_lines_and_the_completion_line(cli_in_process):

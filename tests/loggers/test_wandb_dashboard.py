@@ -19,6 +19,9 @@ from wandb_offline import (
     summary,
 )
 
+# a sweep through the command line's main
+pytestmark = pytest.mark.cli
+
 SWEEP = ["debug=smoke", "algorithm=fedprox", "algorithm.mu=0.01,0.1", "seed=0,1", "logger=wandb"]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from omegaconf import OmegaConf
 
 from fedexp.config.build import labelled_choices
@@ -15,6 +16,9 @@ from fedexp.loggers.wandb_labels import (
     short_value,
     sweep_keys,
 )
+
+# the labels of the command line's runs, from the Hydra job files they write
+pytestmark = pytest.mark.cli
 
 CHOICES = {"algorithm": "fedprox", "dataset": "digits", "partition": "shards"}
 

@@ -5,6 +5,11 @@ from __future__ import annotations
 import csv
 import json
 
+import pytest
+
+# a run through the command line's main
+pytestmark = pytest.mark.cli
+
 
 def csv_rows(run_dir) -> list[dict]:
     with (run_dir / "metrics.csv").open(newline="") as f:

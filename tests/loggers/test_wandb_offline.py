@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from components import wandb_options
 from fedexp.loggers import wandb_logger
 from fedexp.loggers.wandb_logger import WandbLogger
+
+# a whole run that waits out W&B's init timeout
+pytestmark = pytest.mark.cli
 
 UNREACHABLE = "http://127.0.0.1:9"  # the discard port: nothing answers there
 

@@ -16,6 +16,9 @@ from fedexp.loggers import wandb_logger
 from fedexp.loggers.wandb_logger import WandbLogger
 from fedexp.sweep import wandb_offline_line
 
+# what the command line logs and prints, through its main
+pytestmark = pytest.mark.cli
+
 OPTIONS = dict(
     project="p", entity=None, mode="offline", tags=None, init_timeout=5.0, verbose=False,
     log_checkpoint=False,

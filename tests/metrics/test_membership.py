@@ -1,11 +1,10 @@
-"""Membership metrics on hand-computable scores, and the shadows' label-matched in / out sets."""
+"""Membership metrics on hand-computable scores."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from fedexp.audit.mia import mimic_split
 from fedexp.metrics.membership import METRICS, membership_metrics, tpr_at_fpr
 
 
@@ -50,21 +49,3 @@ def test_tied_scores_count_half_in_the_auc():
 def test_empty_sets_are_refused():
     with pytest.raises(ValueError, match="at least one member"):
         membership_metrics(np.array([]), np.array([0.3]))
-
-
-def test_shadow_sets_follow_the_targets_label_histogram():
-    pool = np.array([0] * 10 + [1] * 4 + [2] * 10)
-    ins, outs = mimic_split(np.random.default_rng(0), pool, np.array([0, 0, 1]), cap=100)
-    assert sorted(pool[ins]) == [0, 0, 1] and sorted(pool[outs]) == [0, 0, 1]
-    assert not set(ins) & set(outs)
-    # 8 + 8 wanted; label 1 has 4 in the pool (2 in, 2 out): both labels scale to 2
-    ins, outs = mimic_split(np.random.default_rng(0), pool, np.array([0] * 8 + [1] * 8), cap=100)
-    assert sorted(pool[ins]) == [0, 0, 1, 1] and sorted(pool[outs]) == [0, 0, 1, 1]
-    # the cap scales evenly: 4 : 2 of 6 -> 2 : 1 of 3
-    ins, _ = mimic_split(np.random.default_rng(0), pool, np.array([0] * 4 + [2] * 2), cap=3)
-    assert sorted(pool[ins]) == [0, 0, 2]
-    # a label the pool lacks is left out; none at all: empty sets
-    ins, _ = mimic_split(np.random.default_rng(0), pool, np.array([0, 7]), cap=100)
-    assert sorted(pool[ins]) == [0]
-    ins, outs = mimic_split(np.random.default_rng(0), pool, np.array([7]), cap=100)
-    assert len(ins) == len(outs) == 0

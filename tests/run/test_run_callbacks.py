@@ -12,7 +12,8 @@ from fedexp.core.callbacks import Callback
 from fedexp.run import saved_components
 from fedexp.run.callbacks import build_callbacks
 
-pytestmark = pytest.mark.experiment
+# the callbacks a command-line run builds, on a whole Experiment
+pytestmark = [pytest.mark.cli, pytest.mark.experiment]
 
 
 class Added(Callback):

@@ -9,6 +9,9 @@ import pytest
 import torch
 from tests.conftest import REPO
 
+# the script's command line, on whole benchmark workloads
+pytestmark = pytest.mark.cli
+
 
 def load_bench():
     spec = importlib.util.spec_from_file_location("bench", REPO / "scripts" / "bench.py")
