@@ -3,6 +3,7 @@ lands on finished results, and a sweep survives a job whose config is refused.""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -115,9 +116,20 @@ def test_a_resume_is_refused_while_the_run_is_still_going(
 def test_the_os_releases_the_lock_when_its_holder_is_killed(tmp_path):
     holder = hold_lock(tmp_path / "run")
     holder.send_signal(signal.SIGKILL)
-    holder.wait()
-    claimed = claim(tmp_path / "run", fresh=True)
-    discard(claimed)
+    assert holder.wait() == -signal.SIGKILL
+    claimed = claim(tmp_path / "run", fresh=True)  # a ConfigError while the lock is held
+    try:
+        assert claimed == (tmp_path / "run").resolve()
+        # the lock file names this process, and the lock is now this process's
+        assert (claimed / LOCK_FILE).read_text() == f"{os.getpid()}\n"
+        fd = os.open(claimed / LOCK_FILE, os.O_RDWR)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+    finally:
+        discard(claimed)
 
 
 @pytest.mark.experiment
