@@ -218,7 +218,7 @@ def rounds_of(exp) -> list[dict]:
     return rounds
 
 
-# unequal client sizes and short last batches (tests/engine/test_vectorized.py's TINY)
+# unequal client sizes and short last batches (tests/engine/executors/test_vectorized.py's TINY)
 TINY = ("partition=dirichlet", "partition.min_size=5", "client.batch_size=16", "rounds=3")
 
 

@@ -69,7 +69,8 @@ def test_option_composes_and_builds(group, option, tmp_path):
         if "dataset.data_dir" in str(err):  # a real dataset whose files the tests do not have
             pytest.skip(f"composes; needs files: {err}")
         if (group, option) == ("executor", "distributed") and "torchrun" in str(err):
-            # tests/engine/test_distributed_parts.py and tests/cli/test_distributed_cli.py build it
+            # tests/engine/executors/test_distributed_parts.py and tests/cli/test_distributed_cli.py
+            # build it
             pytest.skip("composes; builds under torchrun")
         raise
     assert experiment.data.num_clients == cfg.num_clients
