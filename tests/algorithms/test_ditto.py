@@ -6,9 +6,9 @@ import torch
 from components import with_yaml
 from fedexp.algorithms.ditto import Ditto
 from fedexp.algorithms.fedavg import FedAvg
-from fedexp.core.algorithm import flat_params
 from fedexp.core.client import ClientModule
 from fedexp.core.client_loop import train_local
+from fedexp.core.flat import flat_params
 from fedexp.core.seeding import client_generator
 from fedexp.core.types import ConfigError
 from handworld import make_ctx, one_client_data, one_round, small_mlp

@@ -4,7 +4,7 @@ from components import with_yaml
 from fedexp.algorithms.fedavg import FedAvg
 from fedexp.algorithms.fedprox import FedProx
 from fedexp.algorithms.fedrep import FedRep
-from fedexp.core.algorithm import flat_params
+from fedexp.core.flat import flat_params
 from fedexp.core.types import ClientResult, RoundContext, ServerState, Weights
 from handworld import make_ctx, one_round, small_mlp
 

@@ -21,10 +21,10 @@ from fedexp.algorithms.fedhenn_alignment import (
     Rad,
     draw_rad,
 )
-from fedexp.core.algorithm import flat_params
 from fedexp.core.client import ClientModule
 from fedexp.core.client_loop import train_local
 from fedexp.core.client_store import ClientStore
+from fedexp.core.flat import flat_params
 from fedexp.core.seeding import (
     CLIENT,
     INIT,

@@ -20,8 +20,8 @@ from fedexp.algorithms.fedhenn_alignment import (
     Rad,
 )
 from fedexp.algorithms.fedhenn_measures import AlignmentMeter
-from fedexp.core.algorithm import flat_params, load_flat
 from fedexp.core.callbacks import RoundFunction
+from fedexp.core.flat import flat_params, load_flat
 from fedexp.core.types import ConfigError, RoundContext
 from fedexp.metrics.cka import linear_cka, linear_kernel
 from fedexp.models.mlp import BodyHead

@@ -4,9 +4,9 @@ import torch
 
 from components import with_yaml
 from fedexp.algorithms.fedper import FedPer
-from fedexp.core.algorithm import flat_params
 from fedexp.core.client import ClientModule
 from fedexp.core.client_loop import train_local
+from fedexp.core.flat import flat_params
 from fedexp.core.seeding import client_generator
 from fedexp.metrics.comm import FLOAT_BITS
 from handworld import make_ctx, one_client_data, one_round, small_mlp

@@ -3,9 +3,9 @@ import copy
 import torch
 
 from fedexp.algorithms.local import Local
-from fedexp.core.algorithm import flat_params
 from fedexp.core.client import ClientModule
 from fedexp.core.client_loop import train_local
+from fedexp.core.flat import flat_params
 from fedexp.core.seeding import client_generator
 from handworld import make_ctx, one_round, small_mlp
 

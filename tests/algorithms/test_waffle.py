@@ -12,7 +12,8 @@ import torch
 from components import with_yaml
 from fedexp.algorithms.fedavg import FedAvg
 from fedexp.algorithms.waffle import DictionaryPayload, WAFFLe
-from fedexp.core.algorithm import BuildContext, flat_params
+from fedexp.core.algorithm import BuildContext
+from fedexp.core.flat import flat_params
 from fedexp.core.local import ClientConfig
 from fedexp.core.types import ClientResult, ConfigError, RoundContext, ServerState, Weights
 from fedexp.data.federated import FederatedData

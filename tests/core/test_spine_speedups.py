@@ -6,15 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from fedexp.core.algorithm import (
-    Algorithm,
-    flat_delta,
-    flat_params,
-    load_flat,
-    share_model_storage,
-    share_storage,
-)
+from fedexp.core.algorithm import Algorithm
 from fedexp.core.client import ClientModule
+from fedexp.core.flat import flat_delta, flat_params, load_flat, share_model_storage, share_storage
 from fedexp.core.local import ClientConfig
 from fedexp.core.seeding import seed_global_rng
 from fedexp.core.types import ServerState

@@ -26,9 +26,10 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-from fedexp.core.algorithm import Algorithm, BuildContext, flat_params, load_flat
+from fedexp.core.algorithm import Algorithm, BuildContext
 from fedexp.core.client import ClientModule, Phase
 from fedexp.core.client_loop import train_local
+from fedexp.core.flat import flat_params, load_flat
 from fedexp.core.local import LocalTraining
 from fedexp.core.seeding import INIT, derive_seed, seed_global_rng
 from fedexp.core.types import ClientResult, Message, Nothing, RoundContext, ServerState

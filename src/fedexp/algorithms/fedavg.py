@@ -22,15 +22,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-from fedexp.core.algorithm import (
-    Algorithm,
-    BuildContext,
-    flat_delta,
-    flat_params,
-    load_flat,
-    named_views,
-    share_model_storage,
-)
+from fedexp.core.algorithm import Algorithm, BuildContext
 from fedexp.core.client import ClientModule
 from fedexp.core.cohort import (
     CohortStart,
@@ -39,6 +31,7 @@ from fedexp.core.cohort import (
     is_cohort,
     result_samples,
 )
+from fedexp.core.flat import flat_delta, flat_params, load_flat, named_views, share_model_storage
 from fedexp.core.local import LocalTraining
 from fedexp.core.running_stats import flat_stats, load_stats, norm_layers, running_buffers
 from fedexp.core.seeding import INIT, derive_seed

@@ -20,8 +20,9 @@ import torch
 from torch import nn
 
 from fedexp.algorithms.fedavg import FedAvg
-from fedexp.core.algorithm import BuildContext, load_flat, share_model_storage
+from fedexp.core.algorithm import BuildContext
 from fedexp.core.client import ClientModule
+from fedexp.core.flat import load_flat, share_model_storage
 from fedexp.core.local import LocalTraining
 from fedexp.core.types import Message, ServerState
 

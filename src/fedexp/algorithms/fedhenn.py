@@ -40,8 +40,9 @@ from fedexp.algorithms.fedhenn_alignment import (
 )
 from fedexp.algorithms.fedhenn_heterogeneous import FedHeNNHeterogeneous
 from fedexp.algorithms.fedhenn_measures import AlignmentMeter, MeasuredWeights, measured_metrics
-from fedexp.core.algorithm import Algorithm, BuildContext, load_flat
+from fedexp.core.algorithm import Algorithm, BuildContext
 from fedexp.core.client import ClientModule
+from fedexp.core.flat import load_flat
 from fedexp.core.local import LocalTraining
 from fedexp.core.running_stats import load_model_state, model_state
 from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext, ServerState

@@ -37,8 +37,9 @@ from fedexp.algorithms.fedhenn_alignment import (
     upload_of,
 )
 from fedexp.algorithms.fedhenn_measures import AlignmentMeter, measured_metrics
-from fedexp.core.algorithm import Algorithm, BuildContext, flat_params, load_flat
+from fedexp.core.algorithm import Algorithm, BuildContext
 from fedexp.core.client import ClientModule
+from fedexp.core.flat import flat_params, load_flat
 from fedexp.core.local import LocalTraining
 from fedexp.core.seeding import INIT, client_arch, derive_seed
 from fedexp.core.types import ClientResult, Message, Nothing, RoundContext, ServerState

@@ -30,8 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedexp.core.algorithm import Algorithm, BuildContext, flat_params, load_flat
+from fedexp.core.algorithm import Algorithm, BuildContext
 from fedexp.core.client import ClientModule
+from fedexp.core.flat import flat_params, load_flat
 from fedexp.core.local import ClientConfig, LocalTraining
 from fedexp.core.seeding import INIT, client_arch, derive_seed
 from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext, ServerState

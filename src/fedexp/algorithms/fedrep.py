@@ -20,15 +20,10 @@ import torch
 from torch import nn
 
 from fedexp.algorithms.fedavg import FedAvg
-from fedexp.core.algorithm import (
-    BuildContext,
-    PersonalBatch,
-    flat_params,
-    load_flat,
-    named_views,
-)
+from fedexp.core.algorithm import BuildContext, PersonalBatch
 from fedexp.core.client import ClientModule, Phase
 from fedexp.core.cohort import CohortStart, flat_rows
+from fedexp.core.flat import flat_params, load_flat, named_views
 from fedexp.core.local import ClientConfig, LocalTraining
 from fedexp.core.types import ConfigError, Message, ServerState
 from fedexp.core.user_module import check_head_body

@@ -29,8 +29,9 @@ import torch
 from fedexp.aggregators import aggregator_name
 from fedexp.aggregators.mean import weighted_mean
 from fedexp.algorithms.fedavg import FedAvg
-from fedexp.core.algorithm import BuildContext, flat_delta
+from fedexp.core.algorithm import BuildContext
 from fedexp.core.client import ClientModule
+from fedexp.core.flat import flat_delta
 from fedexp.core.local import LocalTraining
 from fedexp.core.types import (
     ClientResult,

@@ -35,9 +35,9 @@ import torch
 from torch import nn
 
 from fedexp.algorithms.fedavg import FedAvg, payload_rows
-from fedexp.core.algorithm import flat_delta
 from fedexp.core.client import ClientModule
 from fedexp.core.cohort import CohortStart, stacked_field
+from fedexp.core.flat import flat_delta
 from fedexp.core.local import ClientConfig, LocalTraining
 from fedexp.core.types import (
     ClientResult,

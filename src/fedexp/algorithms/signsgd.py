@@ -14,8 +14,9 @@ import torch
 from torch import nn
 
 from fedexp.algorithms.fedavg import FedAvg
-from fedexp.core.algorithm import BuildContext, flat_delta, load_flat
+from fedexp.core.algorithm import BuildContext
 from fedexp.core.client import ClientModule
+from fedexp.core.flat import flat_delta, load_flat
 from fedexp.core.local import LocalTraining
 from fedexp.core.messages import Signs
 from fedexp.core.types import ClientResult, Message, RoundContext, ServerState

@@ -33,9 +33,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedexp.algorithms.fedavg import FedAvg
-from fedexp.core.algorithm import BuildContext, flat_params, load_flat, named_views
+from fedexp.core.algorithm import BuildContext
 from fedexp.core.client import ClientModule, JointOptimizer, Phase, build_optimizer
 from fedexp.core.cohort import CohortStart, flat_rows
+from fedexp.core.flat import flat_params, load_flat, named_views
 from fedexp.core.local import ClientConfig, LocalTraining
 from fedexp.core.types import (
     FLOAT_BITS,

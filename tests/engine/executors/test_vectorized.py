@@ -14,7 +14,7 @@ from torch import nn
 
 from fedexp.__main__ import find_conf
 from fedexp.algorithms import topk
-from fedexp.core.algorithm import flat_delta, flat_params, load_flat
+from fedexp.core.flat import flat_delta, flat_params, load_flat
 from fedexp.core.seeding import sample_clients
 from fedexp.core.types import ConfigError
 from fedexp.engine.executors.select import auto_executor
