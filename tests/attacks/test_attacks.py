@@ -76,13 +76,13 @@ def test_apply_flags_and_corrupts_only_malicious_uploads():
 
 
 def test_target_check():
-    frl_like = SimpleNamespace(upload_type=Ranking)
+    frl_like = SimpleNamespace(upload_type=Ranking, clients_train=True)
     with pytest.raises(ConfigError, match="sign_flip cannot target"):
         SignFlip().check_target(frl_like)
     RankReversal().check_target(frl_like)
     LabelFlip().check_target(frl_like)  # data poisoning: any algorithm
     with pytest.raises(ConfigError, match="rank_reversal cannot target"):
-        RankReversal().check_target(SimpleNamespace(upload_type=Weights))
+        RankReversal().check_target(SimpleNamespace(upload_type=Weights, clients_train=True))
 
 
 def test_sign_flip_on_signs_and_scaling():

@@ -213,6 +213,8 @@ class Opaque(Message):
 
 
 class Uploads:
+    clients_train = True
+
     def __init__(self, upload_type):
         self.upload_type = upload_type
 

@@ -144,7 +144,7 @@ class Attack(NoAttack):
         self.malicious = frozenset(int(c) for c in rng.choice(num_clients, count, replace=False))
 
     def check_target(self, algorithm) -> None:
-        if not getattr(algorithm, "clients_train", True):  # e.g. a server-side reference
+        if not algorithm.clients_train:  # e.g. a server-side reference
             raise ConfigError(
                 f"attack: {self.name} needs clients that train and upload; "
                 f"{type(algorithm).__name__} trains on the server only"

@@ -75,6 +75,7 @@ class Algorithm:
     batches_personal_models = False  # `personal_models` hands over a stacked batch itself
     can_be_eavesdropped = False  # `eavesdropped_model` rebuilds a model from an upload
     vectorizable = True  # executor=vectorized may train its client modules (they are checked)
+    clients_train = True  # clients train and upload (False: training on the server alone)
 
     def __init__(self, ctx: BuildContext):
         self.ctx = ctx
