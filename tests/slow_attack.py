@@ -13,6 +13,6 @@ class SleepEachRound(NoAttack):
         super().__init__(fraction)  # attack=none's YAML carries `fraction: 0`
         self.seconds = seconds
 
-    def apply(self, results, ctx):
+    def apply(self, results, ctx, state=None):
         time.sleep(self.seconds)
         return list(results)

@@ -17,7 +17,7 @@ from fedexp.attacks.pool import pool_extras
 from fedexp.attacks.rank_reversal import RankReversal
 from fedexp.core.callbacks import RoundFunction
 from fedexp.core.messages import Ranking
-from fedexp.core.types import ClientResult, ConfigError, RoundContext, Weights
+from fedexp.core.types import ClientResult, ConfigError, RoundContext, ServerState, Weights
 from fedexp.engine.executors.sequential import SequentialExecutor, train_aside
 from fedexp.run import Experiment
 
@@ -26,6 +26,7 @@ AGRTailored = with_yaml(AGRTailored, "attack", "agr_tailored")
 RankReversal = with_yaml(RankReversal, "attack", "rank_reversal")
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
+START = ServerState(torch.zeros(3))  # a round's starting server state, passed through as is
 # FedAvg on the bundled digits, 50 clients, 25 a round (the FRL paper's cohort), 20 % attackers
 DIGITS = [
     "experiment=frl_digits",
@@ -81,13 +82,15 @@ def one_attacker_round(pool: str):
     benign = {c: torch.tensor([float(c), 1.0 - c, 2.0]) for c in range(6)}
     trained: list[tuple[int, ...]] = []
 
-    def aside(ids):
+    def aside(state, round_idx, ids):
+        assert state is START and round_idx == 1  # the round's starting state, the round
         trained.append(tuple(ids))
         return [ClientResult(c, 10, Weights(benign[c]), 0.0, 1) for c in ids]
 
+    attack.use_aside(aside)
     ids = (honest[0], bad[0], honest[1])
     results = [ClientResult(c, 10, Weights(benign[c]), 0.0, 1) for c in ids]
-    out = attack.apply(results, RoundContext(1, ids, 0, train_aside=aside))
+    out = attack.apply(results, RoundContext(1, ids, 0), START)
     return attack, bad, benign, trained, out
 
 
@@ -123,12 +126,14 @@ def one_reverser_round(pool: str, pool_size: int):
     def upload(c):
         return ClientResult(c, 10, Ranking((torch.tensor(ranks[c]),)), 0.0, 1)
 
-    def aside(ids):
+    def aside(state, round_idx, ids):
+        assert state is START and round_idx == 1
         trained.append(tuple(ids))
         return [upload(c) for c in ids]
 
+    attack.use_aside(aside)
     ids = (honest[0], bad[0], honest[1])
-    out = attack.apply([upload(c) for c in ids], RoundContext(1, ids, 0, train_aside=aside))
+    out = attack.apply([upload(c) for c in ids], RoundContext(1, ids, 0), START)
     return attack, bad, trained, out
 
 
@@ -167,7 +172,7 @@ def test_frl_rankings_trained_aside_are_those_of_a_sampled_client(tmp_path):
     exp = smoke_experiment(tmp_path, "experiment=frl_digits", "num_clients=8")
     alg, executor, data = exp.algorithm, exp.executor, exp.data
     state = alg.init_state()
-    aside = train_aside(alg, executor, data, state, 2, 0, [1, 6])
+    aside = train_aside(alg, executor, data, 0, state, 2, [1, 6])
     alone = RoundContext(2, (6,), 0)  # client 6 as if it had been sampled in round 2
     sampled = executor.run(alg, alg.configure_round(state, alone), alone, data)
     assert all(torch.equal(a, b) for a, b in zip(aside[1].upload.layers, sampled[0].upload.layers))
@@ -185,7 +190,7 @@ def test_train_aside_leaves_no_trace_and_matches_a_sampled_client(algorithm, tmp
     before = alg.store.state_dict()
     first = executor.run(alg, alg.configure_round(state, ctx), ctx, data)
     rng, stored = torch.get_rng_state(), alg.store.state_dict()  # FedRep: the trained heads
-    aside = train_aside(alg, executor, data, state, 1, 0, [2, 6, 3])
+    aside = train_aside(alg, executor, data, 0, state, 1, [2, 6, 3])
     assert torch.equal(torch.get_rng_state(), rng)
     assert same_states(alg.store.state_dict(), stored)  # 2 and 6 gained none, 3 kept its own
     alg.store.load_state_dict(before)
@@ -203,8 +208,8 @@ def test_the_pool_trains_the_same_on_the_vectorized_executor(tmp_path):
     )
     alg, data = exp.algorithm, exp.data
     state = alg.init_state()
-    vectorized = train_aside(alg, exp.executor, data, state, 2, 0, [1, 4, 6])
-    sequential = train_aside(alg, SequentialExecutor(), data, state, 2, 0, [1, 4, 6])
+    vectorized = train_aside(alg, exp.executor, data, 0, state, 2, [1, 4, 6])
+    sequential = train_aside(alg, SequentialExecutor(), data, 0, state, 2, [1, 4, 6])
     for v, s in zip(vectorized, sequential, strict=True):
         torch.testing.assert_close(v.upload.values, s.upload.values, rtol=1e-4, atol=1e-5)
 

@@ -15,7 +15,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 import fedexp.audit.mia as mia
-from fedexp.audit.mia import rng_devices
+from fedexp.core.seeding import rng_devices
 from fedexp.core.types import ConfigError, RoundContext
 from fedexp.metrics.membership import METRICS
 from fedexp.run import Experiment

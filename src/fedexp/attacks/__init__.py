@@ -3,7 +3,10 @@
 An attack is set up once (`setup`): `fraction` of ALL clients are malicious, drawn from the run
 seed. Data poisoning returns a poisoned view of the data (`wrap_data`, called by the round loop);
 model poisoning rewrites the uploads of the round's malicious clients after local training
-(`apply`), where they have trained benignly on their own data. Corrupted uploads are flagged
+(`apply`, told the round's starting server state), where they have trained benignly on their own
+data. Before its first round the round loop hands the attack an aside-trainer (`use_aside`):
+`train_aside(state, round, client_ids)` trains other clients benignly from a round's starting
+state without a trace on the run (`fedexp.attacks.pool` uses it). Corrupted uploads are flagged
 (`ClientResult.malicious`) so that an aggregator may be told the round's true malicious count
 (`fedexp.core.types.malicious_count`). `round_metrics` reports `attack/*` every round.
 
@@ -34,11 +37,16 @@ from fedexp.core.types import (
     ConfigError,
     Message,
     RoundContext,
+    ServerState,
     capabilities,
     malicious_count,
 )
 
 ATTACK = 401  # seed stream of the malicious set (distinct from core.seeding's streams)
+
+# (the round's starting server state, the round, client ids) -> those clients' benign results,
+# trained as if sampled in that round and leaving no trace on the run
+AsideTrainer = Callable[[ServerState, int, Sequence[int]], list[ClientResult]]
 
 
 def check_flag(value, key: str) -> bool:
@@ -89,7 +97,19 @@ class NoAttack:
         """The data clients train on (data-poisoning attacks return a poisoned view)."""
         return data
 
-    def apply(self, results: Sequence[ClientResult], ctx: RoundContext) -> Sequence[ClientResult]:
+    def use_aside(self, train_aside: AsideTrainer) -> None:
+        """Called once by the round loop, before its first round: benign training of clients
+        outside a round's cohort (`fedexp.engine.executors.sequential.train_aside`, bound to the
+        run's algorithm, executor and data). Kept by the attacks that use it."""
+
+    def apply(
+        self,
+        results: Sequence[ClientResult],
+        ctx: RoundContext,
+        state: ServerState | None = None,
+    ) -> Sequence[ClientResult]:
+        """The round's results after the attack; `state` is the server state the round started
+        from (what its clients trained from; None where the caller has none)."""
         return results if is_cohort(results) else list(results)
 
     def round_metrics(self, results: Sequence[ClientResult]) -> dict[str, float]:
@@ -159,21 +179,31 @@ class Attack(NoAttack):
             f"{getattr(upload, '__name__', 'an undeclared type')} ({carried}; it corrupts {wanted})"
         )
 
-    def apply(self, results: Sequence[ClientResult], ctx: RoundContext) -> Sequence[ClientResult]:
+    def apply(
+        self,
+        results: Sequence[ClientResult],
+        ctx: RoundContext,
+        state: ServerState | None = None,
+    ) -> Sequence[ClientResult]:
         ids = results.client_ids if is_cohort(results) else [r.client_id for r in results]
         positions = [i for i, cid in enumerate(ids) if cid in self.malicious]
         if not positions:
             return results if is_cohort(results) else list(results)
         out = list(results)
-        uploads = self.corrupt(out, positions, ctx)
+        uploads = self.corrupt(out, positions, ctx, state)
         for i, upload in zip(positions, uploads):
             out[i] = dataclasses.replace(out[i], upload=upload, malicious=True)
         return out
 
     def corrupt(
-        self, results: list[ClientResult], positions: list[int], ctx: RoundContext
+        self,
+        results: list[ClientResult],
+        positions: list[int],
+        ctx: RoundContext,
+        state: ServerState | None,
     ) -> list[Message]:
-        """The uploads of the malicious clients at `positions` (they trained benignly)."""
+        """The uploads of the malicious clients at `positions` (they trained benignly from the
+        round's starting `state`)."""
         return [results[i].upload for i in positions]
 
     def describe(self) -> dict:

@@ -33,7 +33,7 @@ from fedexp.aggregators import KNOWN, aggregator_name
 from fedexp.aggregators.multikrum import krum_select, pairwise_sq_distances, selection_size
 from fedexp.aggregators.trimmed_mean import trimmed_mean
 from fedexp.attacks.pool import PoolAttack
-from fedexp.core.types import VECTOR, ClientResult, ConfigError, Message, RoundContext
+from fedexp.core.types import VECTOR, ClientResult, ConfigError, Message, RoundContext, ServerState
 
 PERTURBATIONS = ("unit", "sign", "std")
 KNOWLEDGE = ("malicious", "all")
@@ -120,18 +120,27 @@ class CraftedAttack(PoolAttack):
         self.knowledge = knowledge
 
     def known_updates(
-        self, results: list[ClientResult], positions: list[int], ctx: RoundContext
+        self,
+        results: list[ClientResult],
+        positions: list[int],
+        ctx: RoundContext,
+        state: ServerState | None,
     ) -> torch.Tensor:
         """[P, d] the benign updates the attackers know this round (see the module doc)."""
         if self.knowledge == "all":
             self.last_known = len(results)
             return torch.stack([r.upload.vector for r in results])
-        return torch.stack([u.vector for u in self.known_uploads(results, positions, ctx)])
+        known = self.known_uploads(results, positions, ctx, state)
+        return torch.stack([u.vector for u in known])
 
     def corrupt(
-        self, results: list[ClientResult], positions: list[int], ctx: RoundContext
+        self,
+        results: list[ClientResult],
+        positions: list[int],
+        ctx: RoundContext,
+        state: ServerState | None,
     ) -> list[Message]:
-        known = self.known_updates(results, positions, ctx)
+        known = self.known_updates(results, positions, ctx, state)
         crafted = self.craft(known, len(results), len(positions))
         return [results[i].upload.with_vector(crafted) for i in positions]
 

@@ -6,9 +6,10 @@ benignly on their own data every round, up to 25 of them drawn from *all* malici
 crafts the poisoned update (against FRL: the reversed ranking) from those benign uploads.
 `pool: all` does the same: the round's sampled attackers (whose benign uploads the round already
 computed) plus other malicious clients drawn from the seed and the round until `pool_size`
-uploads are known; the others train through the run's own executor and algorithm
-(`RoundContext.train_aside`) on their usual streams, so the pool's members are the same whichever
-executor runs, and nothing of that extra training reaches the honest clients. `pool: sampled`
+uploads are known; the others train from the round's starting state through the run's own
+executor and algorithm (the aside-trainer the round loop hands the attack, `use_aside`) on their
+usual streams, so the pool's members are the same whichever executor runs, and nothing of that
+extra training reaches the honest clients. `pool: sampled`
 knows only the round's sampled attackers.
 """
 
@@ -18,9 +19,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fedexp.attacks import Attack
+from fedexp.attacks import AsideTrainer, Attack
 from fedexp.core.seeding import derive_seed
-from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext
+from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext, ServerState
 
 POOL = 402  # seed stream of the pool draw (distinct from the malicious set's stream 401)
 POOLS = ("sampled", "all")
@@ -52,16 +53,21 @@ def pool_uploads(
     malicious: frozenset[int],
     pool_size: int,
     ctx: RoundContext,
+    state: ServerState | None,
+    train_aside: AsideTrainer | None,
 ) -> list[Message]:
     """The pool's benign uploads: the sampled attackers' (in round order), then those of the
-    drawn others, trained aside."""
+    drawn others, trained aside from the round's starting `state`."""
     sampled = [results[i].client_id for i in positions]
     known = [results[i].upload for i in positions]
     extras = pool_extras(malicious, sampled, pool_size, ctx)
     if extras:
-        if ctx.train_aside is None:
-            raise RuntimeError("attack.pool=all needs the round loop (ctx.train_aside) to train")
-        known += [r.upload for r in ctx.train_aside(extras)]
+        if train_aside is None or state is None:
+            raise RuntimeError(
+                "attack.pool=all trains attackers aside: it needs the round loop's aside-trainer "
+                "(`use_aside`) and the round's starting state"
+            )
+        known += [r.upload for r in train_aside(state, ctx.round, extras)]
     return known
 
 
@@ -73,13 +79,21 @@ class PoolAttack(Attack):
         check_pool(pool, pool_size)
         self.pool, self.pool_size = pool, pool_size
         self.last_known = 0  # how many benign uploads the round's attackers knew
+        self.train_aside: AsideTrainer | None = None  # handed over by the round loop
+
+    def use_aside(self, train_aside: AsideTrainer) -> None:
+        self.train_aside = train_aside
 
     def known_uploads(
-        self, results: Sequence[ClientResult], positions: Sequence[int], ctx: RoundContext
+        self,
+        results: Sequence[ClientResult],
+        positions: Sequence[int],
+        ctx: RoundContext,
+        state: ServerState | None,
     ) -> list[Message]:
         """The pool's benign uploads this round (`pool: sampled`: the round's attackers')."""
         size = self.pool_size if self.pool == "all" else 0
-        known = pool_uploads(results, positions, self.malicious, size, ctx)
+        known = pool_uploads(results, positions, self.malicious, size, ctx, state, self.train_aside)
         self.last_known = len(known)
         return known
 

@@ -16,7 +16,7 @@ import torch
 from fedexp.aggregators.rank_vote import reputations
 from fedexp.attacks.pool import PoolAttack
 from fedexp.core.messages import Ranking
-from fedexp.core.types import RANKING, ClientResult, Message, RoundContext
+from fedexp.core.types import RANKING, ClientResult, Message, RoundContext, ServerState
 
 
 def reversed_consensus(rankings: torch.Tensor) -> torch.Tensor:
@@ -30,9 +30,13 @@ class RankReversal(PoolAttack):
     targets = (RANKING,)
 
     def corrupt(
-        self, results: list[ClientResult], positions: list[int], ctx: RoundContext
+        self,
+        results: list[ClientResult],
+        positions: list[int],
+        ctx: RoundContext,
+        state: ServerState | None,
     ) -> list[Message]:
-        known = self.known_uploads(results, positions, ctx)
+        known = self.known_uploads(results, positions, ctx, state)
         reversed_layers = tuple(
             reversed_consensus(torch.stack([ranking.layers[layer] for ranking in known]))
             for layer in range(len(known[0].layers))

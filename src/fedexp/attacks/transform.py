@@ -11,6 +11,7 @@ from fedexp.core.types import (
     ConfigError,
     Message,
     RoundContext,
+    ServerState,
 )
 
 
@@ -21,7 +22,11 @@ class SignFlip(Attack):
     targets = (VECTOR, SIGNS, SPARSE)
 
     def corrupt(
-        self, results: list[ClientResult], positions: list[int], ctx: RoundContext
+        self,
+        results: list[ClientResult],
+        positions: list[int],
+        ctx: RoundContext,
+        state: ServerState | None,
     ) -> list[Message]:
         return [map_values(results[i].upload, lambda v: -v) for i in positions]
 
@@ -39,6 +44,10 @@ class Scaling(Attack):
         self.factor = factor
 
     def corrupt(
-        self, results: list[ClientResult], positions: list[int], ctx: RoundContext
+        self,
+        results: list[ClientResult],
+        positions: list[int],
+        ctx: RoundContext,
+        state: ServerState | None,
     ) -> list[Message]:
         return [map_values(results[i].upload, lambda v: self.factor * v) for i in positions]

@@ -25,8 +25,9 @@ Metrics (`fedexp.metrics.membership`), each the mean over the audited targets:
   (members scored above every non-member): a lower bound the sample size cannot refine.
 
 The target's upload is produced by running that client's local training once more from the
-current global state (as in the next round). The store entries of the audited clients (targets
-and shadows) and torch's global RNG (CPU and the training device) are restored afterwards, so the
+current global state (as in the next round). The audit trains inside
+`fedexp.core.client_loop.no_trace`: the store entries of the audited clients (targets and
+shadows) and torch's global RNG (CPU and the training device) are restored afterwards, so the
 audit never changes the run it observes; only those entries are read, so a spilling store keeps
 its memory budget.
 
@@ -45,9 +46,8 @@ import logging
 import numpy as np
 import torch
 from torch import nn
-from torch.utils._pytree import tree_map
 
-from fedexp.core.client_loop import run_client
+from fedexp.core.client_loop import no_trace, run_client
 from fedexp.core.seeding import client_generator, derive_seed
 from fedexp.core.types import ConfigError, Message, RoundContext
 from fedexp.metrics.membership import METRICS, membership_metrics
@@ -120,18 +120,6 @@ def mimic_split(
     return np.concatenate(ins), np.concatenate(outs)
 
 
-def snapshot(client_state):
-    """A copy of a client's stored state (tensors cloned: training may write into them)."""
-    return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, client_state)
-
-
-def rng_devices(device: torch.device) -> list[int]:
-    """The CUDA devices whose RNG `seed_global_rng` reseeds when training on `device`."""
-    if device.type != "cuda":
-        return []
-    return [device.index if device.index is not None else torch.cuda.current_device()]
-
-
 class MembershipInferenceAudit:
     """An evaluation callback reporting the `METRICS` of a shadow-model attack on the run's
     algorithm (see the module docstring)."""
@@ -189,18 +177,9 @@ class MembershipInferenceAudit:
         num_clients = self.ctx.data.num_clients
         targets = [int(c) for c in rng.permutation(num_clients)[: self.num_targets]]
         shadows = sorted({s for t in range(len(targets)) for s in self.shadow_ids(t)})
-        store = algorithm.store
-        # local training below must not leak into the run: keep the entries it may touch
-        saved = {cid: snapshot(store.get(cid)) for cid in (*targets, *shadows) if cid in store}
-        try:
-            with torch.random.fork_rng(devices=rng_devices(algorithm.device)):
-                return self.audit(algorithm, state, round_idx, rng, targets, shadows)
-        finally:
-            for cid in (*targets, *shadows):
-                if cid in saved:
-                    store.put(cid, saved[cid])
-                else:
-                    store.delete(cid)
+        # local training below must not leak into the run: only these clients train
+        with no_trace(algorithm, (*targets, *shadows)):
+            return self.audit(algorithm, state, round_idx, rng, targets, shadows)
 
     def audit(
         self, algorithm, state, round_idx: int, rng, targets: list[int], shadows: list[int]

@@ -9,6 +9,9 @@ membership-inference audit train a client through these functions, in this order
    or the vectorized executor runs the same steps for a whole cohort at once.
 3. `finish_client`: `algorithm.client_end` with what the training did; a `ClientResult`.
 
+Training that must leave the run as it was (the attackers' pool trained aside, the
+membership-inference audit's targets and shadows) runs inside `no_trace`.
+
 The per-client state rules the vectorized executor relies on (it runs every `begin_client` of a
 cohort before training and every `finish_client` after):
 
@@ -23,12 +26,16 @@ cohort before training and every `finish_client` after):
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
 import torch
+from torch.utils._pytree import tree_map
 
 from fedexp.core.algorithm import Algorithm
 from fedexp.core.client import ClientModule
 from fedexp.core.local import LocalTraining, PhaseTraining, optimizer_lrs
-from fedexp.core.seeding import client_seeds, seed_global_rng
+from fedexp.core.seeding import client_seeds, rng_devices, seed_global_rng
 from fedexp.core.types import ClientResult, Message
 
 
@@ -144,3 +151,31 @@ def run_client(
     batch_size = algorithm.ctx.client.batch_size
     training = train_local(module, x, y, batch_size, module.generator, batch_transform)
     return finish_client(algorithm, module, client_id, payload, training)
+
+
+def _copy_state(client_state):
+    """A copy of a client's stored state (tensors cloned: training may write into them)."""
+    return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, client_state)
+
+
+@contextmanager
+def no_trace(algorithm: Algorithm, client_ids: Sequence[int]) -> Iterator[None]:
+    """Train `client_ids` inside, and the run goes on as if they had not trained: on leaving,
+    their entries in the client store are put back as they were (those they did not have are
+    deleted) and torch's global RNG (the CPU's and the algorithm's device's) is where it stood.
+
+    Only those entries are read, so a spilling store keeps its memory budget. Training inside
+    must touch no other client's entry and nothing else of the run (the server state it starts
+    from is the caller's to leave alone)."""
+    store = algorithm.store
+    ids = list(dict.fromkeys(int(c) for c in client_ids))
+    saved = {cid: _copy_state(store.get(cid)) for cid in ids if cid in store}
+    try:
+        with torch.random.fork_rng(devices=rng_devices(torch.device(algorithm.device))):
+            yield
+    finally:
+        for cid in ids:
+            if cid in saved:
+                store.put(cid, saved[cid])
+            else:
+                store.delete(cid)

@@ -115,3 +115,11 @@ def seed_global_rng(seed: int, device: torch.device) -> None:
         torch.cuda.init()  # no-op once initialised; fills `default_generators`
         index = device.index if device.index is not None else torch.cuda.current_device()
         torch.cuda.default_generators[index].manual_seed(seed)
+
+
+def rng_devices(device: torch.device) -> list[int]:
+    """The CUDA devices whose RNG `seed_global_rng` reseeds when training on `device` (none off
+    CUDA): with the CPU's, what `torch.random.fork_rng` must save to undo a client's training."""
+    if device.type != "cuda":
+        return []
+    return [device.index if device.index is not None else torch.cuda.current_device()]

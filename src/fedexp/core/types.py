@@ -32,11 +32,6 @@ class RoundContext:
     # uploads of this round an attack corrupted (flagged `ClientResult.malicious`); the round
     # loop fills it after the attack, before `aggregate`, where aggregators may be granted it
     num_malicious: int = 0
-    # benign local training of other clients on this round's payloads that leaves no trace
-    # (`fedexp.engine.executors.sequential.train_aside`); set by the round loop for the attack only
-    train_aside: Callable[[Sequence[int]], list[ClientResult]] | None = field(
-        default=None, compare=False, repr=False
-    )
 
 
 # what a message carries, as attacks and aggregators see it (`Message.capabilities`)

@@ -74,6 +74,8 @@ class Orchestrator:
         self.personal_clients = personal_clients  # None: every client's personal model
         self.callbacks = list(callbacks)
         self.train_data = attack.wrap_data(data)
+        # attackers may train benignly beyond a round's cohort to learn more benign updates
+        attack.use_aside(partial(train_aside, algorithm, executor, self.train_data, seed))
         self.totals = {"comm/up_bits_total": 0, "comm/down_bits_total": 0}
         self.train_seconds = 0.0  # summed round times (local training + aggregation)
         self.last_eval: dict = {}
@@ -91,11 +93,7 @@ class Orchestrator:
         stats = self.algorithm.broadcast_stats(state)  # running statistics, besides the payloads
         payloads = self.algorithm.configure_round(state, ctx)
         results = self.executor.run(self.algorithm, payloads, ctx, self.train_data)
-        # attackers may train benignly beyond the cohort to learn more benign updates
-        aside = partial(
-            train_aside, self.algorithm, self.executor, self.train_data, state, t, self.seed
-        )
-        results = self.attack.apply(results, dataclasses.replace(ctx, train_aside=aside))
+        results = self.attack.apply(results, ctx, state)
         # the aggregation is told how many uploads the attack corrupted (it flags them)
         ctx = dataclasses.replace(ctx, num_malicious=malicious_count(results))
         train_loss = float(result_losses(results).mean())

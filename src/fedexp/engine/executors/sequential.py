@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 
-import torch
-
 from fedexp.core.algorithm import Algorithm
-from fedexp.core.client_loop import client_streams, run_client
+from fedexp.core.client_loop import client_streams, no_trace, run_client
 from fedexp.core.types import ClientResult, Message, RoundContext, ServerState
 
 
@@ -34,33 +31,25 @@ def train_aside(
     algorithm: Algorithm,
     executor,
     data,
+    seed: int,
     state: ServerState,
     round_idx: int,
-    seed: int,
     client_ids: Sequence[int],
 ) -> list[ClientResult]:
-    """Benign local training of `client_ids` in round `round_idx`, outside the round's cohort.
+    """Benign local training of `client_ids` in round `round_idx` from the round's starting
+    `state`, outside the round's cohort.
 
     The clients get what `configure_round` would send them and train through `executor` on
-    their usual streams (seed, round, client id), exactly as if they had been sampled; then
-    everything the training touched is put back: torch's global RNG (CPU and the algorithm's
-    device) and the clients' entries in the client store. The round's cohort and every later
-    round therefore train as they would without this call. Model-poisoning attackers use it to
-    learn benign updates of attackers that were not sampled (FRL's reference code).
+    their usual streams (seed, round, client id), exactly as if they had been sampled, inside
+    `no_trace`: torch's global RNG and the clients' store entries are put back afterwards, so
+    the round's cohort and every later round train as they would without this call. The round
+    loop hands the attack this function bound to its first four arguments
+    (`NoAttack.use_aside`): model-poisoning attackers learn benign updates of attackers that
+    were not sampled (FRL's reference code).
     """
     ids = tuple(int(c) for c in client_ids)
     if not ids:
         return []
     ctx = RoundContext(round_idx, ids, seed)
-    store = algorithm.store
-    saved = {cid: copy.deepcopy(store.get(cid)) for cid in ids if cid in store}
-    device = torch.device(algorithm.device)
-    devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        results = executor.run(algorithm, algorithm.configure_round(state, ctx), ctx, data)
-    for cid in ids:
-        if cid in saved:
-            store.put(cid, saved[cid])
-        else:
-            store.delete(cid)
-    return results
+    with no_trace(algorithm, ids):
+        return executor.run(algorithm, algorithm.configure_round(state, ctx), ctx, data)
