@@ -36,8 +36,8 @@ from fedexp.algorithms.fedavg import FedAvg
 from fedexp.core.algorithm import BuildContext
 from fedexp.core.client import ClientModule, Phase
 from fedexp.core.local import ClientConfig, LocalTraining
-from fedexp.core.running_stats import load_model_state, model_state
 from fedexp.core.types import ConfigError, Message, ServerState
+from fedexp.models.running_stats import load_model_state, model_state
 
 
 class DittoModule(ClientModule):

@@ -33,9 +33,9 @@ from fedexp.core.cohort import (
 )
 from fedexp.core.flat import flat_delta, flat_params, load_flat, named_views, share_model_storage
 from fedexp.core.local import LocalTraining
-from fedexp.core.running_stats import flat_stats, load_stats, norm_layers, running_buffers
 from fedexp.core.seeding import INIT, derive_seed
 from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext, ServerState, Weights
+from fedexp.models.running_stats import flat_stats, load_stats, norm_layers, running_buffers
 
 
 class FedAvg(Algorithm):

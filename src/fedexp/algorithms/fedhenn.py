@@ -44,10 +44,10 @@ from fedexp.core.algorithm import Algorithm, BuildContext
 from fedexp.core.client import ClientModule
 from fedexp.core.flat import load_flat
 from fedexp.core.local import LocalTraining
-from fedexp.core.running_stats import load_model_state, model_state
 from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext, ServerState
 from fedexp.errors import with_checks
 from fedexp.models.family import family_size
+from fedexp.models.running_stats import load_model_state, model_state
 
 log = logging.getLogger(__name__)
 

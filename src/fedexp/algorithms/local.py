@@ -18,9 +18,9 @@ from torch import nn
 from fedexp.core.algorithm import Algorithm, BuildContext
 from fedexp.core.client import ClientModule
 from fedexp.core.local import LocalTraining
-from fedexp.core.running_stats import load_model_state, model_state
 from fedexp.core.seeding import INIT, derive_seed
 from fedexp.core.types import ClientResult, Message, Nothing, RoundContext, ServerState
+from fedexp.models.running_stats import load_model_state, model_state
 
 
 class Local(Algorithm):

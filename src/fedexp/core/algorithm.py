@@ -145,7 +145,7 @@ class Algorithm:
         gives a client's, equal to what `client_end` returns)."""
         raise NotImplementedError
 
-    # ---- running statistics (`fedexp.core.running_stats`) -------------------------------------
+    # ---- running statistics (`fedexp.models.running_stats`) -----------------------------------
     def broadcast_stats(self, state: ServerState) -> torch.Tensor | None:
         """The running statistics every client of the round receives besides its payload (the
         global model's BatchNorm statistics), or None (the default: none travel). The round loop

@@ -6,7 +6,7 @@ A model evaluated without them uses whatever statistics its module last held: th
 module shared by the clients of a round. So they travel with the layers they normalise: an
 algorithm that shares a norm layer's parameters shares its statistics too, averaged with the same
 weights (`fedexp.algorithms.fedavg.FedAvg`), and an algorithm that keeps a model on a client keeps
-its statistics with it. On the wire they are floats (`FLOAT_BITS` each; the batch count too).
+its statistics with it. On the wire they are floats (`fedexp.metrics.comm.stats_bits`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
-
-from fedexp.metrics.comm import FLOAT_BITS
 
 _NORM = nn.modules.batchnorm._NormBase  # BatchNorm*d, SyncBatchNorm, InstanceNorm*d
 _STATS = ("running_mean", "running_var", "num_batches_tracked")
@@ -51,11 +49,6 @@ def load_stats(buffers: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
         offset += n
     if offset != flat.numel():
         raise ValueError(f"running statistics: {flat.numel()} values for {offset} buffer entries")
-
-
-def stats_bits(stats: torch.Tensor | None) -> int:
-    """Bits of running statistics on the wire (0 for None)."""
-    return 0 if stats is None else stats.numel() * FLOAT_BITS
 
 
 def model_state(model: nn.Module) -> torch.Tensor:
