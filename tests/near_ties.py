@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from fedexp.algorithms import frl, signsgd, topk
-from fedexp.core.messages import SparseDelta
+from fedexp.core.types import SparseDelta
 from fedexp.models import supermask
 
 # ---- accuracies ---------------------------------------------------------------------------------

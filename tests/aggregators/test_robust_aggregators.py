@@ -95,7 +95,7 @@ class _Uploads:
 
 
 def test_check_aggregator_pairs_rankings_with_rank_vote_only():
-    from fedexp.core.messages import Ranking
+    from fedexp.core.types import Ranking
 
     check_aggregator(partial(rank_vote), _Uploads(Ranking))
     check_aggregator(partial(trimmed_mean, beta=1), _Uploads(Weights))

@@ -11,8 +11,7 @@ from fedexp.algorithms.fedavg import FedAvg
 from fedexp.algorithms.frl import FRL
 from fedexp.algorithms.signsgd import SignSGD
 from fedexp.algorithms.topk import TopK
-from fedexp.core.messages import Ranking, Signs, SparseDelta
-from fedexp.core.types import RoundContext
+from fedexp.core.types import Ranking, RoundContext, Signs, SparseDelta
 from fedexp.metrics.comm import index_bits, permutation_bits
 from handworld import UNTRAINED, mlp_ctx
 

@@ -14,8 +14,7 @@ from fedexp.algorithms.supermask_fedavg import SupermaskFedAvg
 from fedexp.core.algorithm import BuildContext
 from fedexp.core.client_store import ClientStore
 from fedexp.core.local import ClientConfig
-from fedexp.core.messages import Ranking
-from fedexp.core.types import ClientResult, RoundContext
+from fedexp.core.types import ClientResult, Ranking, RoundContext
 from fedexp.engine.executors.sequential import SequentialExecutor
 from fedexp.models.mlp import mlp
 from fedexp.models.supermask import edge_mask, num_kept, supermask_layers

@@ -10,8 +10,7 @@ from fedexp.aggregators.sign_vote import sign_vote
 from fedexp.algorithms.signsgd import SignSGD, to_signs
 from fedexp.algorithms.topk import TopK, top_fraction
 from fedexp.core.flat import flat_params
-from fedexp.core.messages import Signs, SparseDelta
-from fedexp.core.types import ClientResult, RoundContext, ServerState, Weights
+from fedexp.core.types import ClientResult, RoundContext, ServerState, Signs, SparseDelta, Weights
 from handworld import UNTRAINED, mlp_ctx
 
 SignSGD = with_yaml(SignSGD, "algorithm", "signsgd")

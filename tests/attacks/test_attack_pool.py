@@ -16,8 +16,7 @@ from fedexp.attacks.crafted import AGRTailored, MinMax
 from fedexp.attacks.pool import pool_extras
 from fedexp.attacks.rank_reversal import RankReversal
 from fedexp.core.callbacks import RoundFunction
-from fedexp.core.messages import Ranking
-from fedexp.core.types import ClientResult, ConfigError, RoundContext, ServerState, Weights
+from fedexp.core.types import ClientResult, ConfigError, Ranking, RoundContext, ServerState, Weights
 from fedexp.engine.executors.sequential import SequentialExecutor, train_aside
 from fedexp.run import Experiment
 

@@ -26,8 +26,15 @@ from fedexp.attacks.crafted import (
 from fedexp.attacks.label_flip import LabelFlip
 from fedexp.attacks.rank_reversal import RankReversal, reversed_consensus
 from fedexp.attacks.transform import Scaling, SignFlip
-from fedexp.core.messages import Ranking, Signs
-from fedexp.core.types import ClientResult, ConfigError, RoundContext, Weights, malicious_count
+from fedexp.core.types import (
+    ClientResult,
+    ConfigError,
+    Ranking,
+    RoundContext,
+    Signs,
+    Weights,
+    malicious_count,
+)
 
 SignFlip = with_yaml(SignFlip, "attack", "sign_flip")
 NoAttack = with_yaml(NoAttack, "attack", "none")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedexp.core.messages import SparseDelta
+from fedexp.core.types import SparseDelta
 from near_ties import (
     RANKING,
     SIGNS,

@@ -29,9 +29,8 @@ from fedexp.core.algorithm import Algorithm, BuildContext
 from fedexp.core.client import ClientModule, Phase, make_optimizer
 from fedexp.core.cohort import CohortStart, stacked_field
 from fedexp.core.local import ClientConfig, LocalTraining
-from fedexp.core.messages import Ranking
 from fedexp.core.seeding import INIT, derive_seed
-from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext, ServerState
+from fedexp.core.types import ClientResult, ConfigError, Message, Ranking, RoundContext, ServerState
 from fedexp.models.supermask import (
     RANK_KEYS,
     num_kept,

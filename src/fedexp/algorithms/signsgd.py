@@ -18,8 +18,7 @@ from fedexp.core.algorithm import BuildContext
 from fedexp.core.client import ClientModule
 from fedexp.core.flat import flat_delta, load_flat
 from fedexp.core.local import LocalTraining
-from fedexp.core.messages import Signs
-from fedexp.core.types import ClientResult, Message, RoundContext, ServerState
+from fedexp.core.types import ClientResult, Message, RoundContext, ServerState, Signs
 
 
 def to_signs(delta: torch.Tensor) -> torch.Tensor:

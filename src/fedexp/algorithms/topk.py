@@ -18,8 +18,7 @@ from fedexp.core.algorithm import BuildContext
 from fedexp.core.client import ClientModule
 from fedexp.core.flat import flat_delta, load_flat
 from fedexp.core.local import LocalTraining
-from fedexp.core.messages import SparseDelta
-from fedexp.core.types import ClientResult, ConfigError, Message
+from fedexp.core.types import ClientResult, ConfigError, Message, SparseDelta
 
 
 def top_fraction(vector: torch.Tensor, fraction: float) -> SparseDelta:

@@ -15,8 +15,7 @@ import torch
 
 from fedexp.aggregators.rank_vote import reputations
 from fedexp.attacks.pool import PoolAttack
-from fedexp.core.messages import Ranking
-from fedexp.core.types import RANKING, ClientResult, Message, RoundContext, ServerState
+from fedexp.core.types import RANKING, ClientResult, Message, Ranking, RoundContext, ServerState
 
 
 def reversed_consensus(rankings: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,8 @@
-"""Typed messages that cross the client/server boundary, and the round context."""
+"""Typed messages that cross the client/server boundary, and the round context.
+
+Each message says its exact size on the wire (see `fedexp.metrics.comm` for the formats): dense
+`Weights`, and those of the compressed and robust algorithms (`Signs`, `SparseDelta`, `Ranking`).
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ import torch
 
 # re-exported: the error and the float width live in the layers below core
 from fedexp.errors import ConfigError  # noqa: F401
-from fedexp.metrics.comm import FLOAT_BITS
+from fedexp.metrics.comm import FLOAT_BITS, index_bits, permutation_bits
 
 
 class Diverged(RuntimeError):
@@ -98,6 +102,51 @@ class Nothing(Message):
 
     def num_bits(self) -> int:
         return 0
+
+
+@dataclass(frozen=True)
+class Signs(Message):
+    """One sign per coordinate (+1 / -1 as int8), packed on the wire as 1 bit each (SignSGD)."""
+
+    values: torch.Tensor
+    capabilities = frozenset({SIGNS})
+
+    def num_bits(self) -> int:
+        return self.values.numel()
+
+    def map_values(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Message:
+        return Signs(fn(self.values))
+
+
+@dataclass(frozen=True)
+class SparseDelta(Message):
+    """The kept coordinates of a `dim`-long vector: float values and their indices (TopK)."""
+
+    values: torch.Tensor
+    indices: torch.Tensor
+    dim: int
+    capabilities = frozenset({SPARSE})
+
+    def num_bits(self) -> int:
+        return self.values.numel() * (FLOAT_BITS + index_bits(self.dim))
+
+    def dense(self) -> torch.Tensor:
+        out = torch.zeros(self.dim, dtype=self.values.dtype, device=self.values.device)
+        return out.index_put((self.indices,), self.values)
+
+    def map_values(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Message:
+        return dataclasses.replace(self, values=fn(self.values))
+
+
+@dataclass(frozen=True)
+class Ranking(Message):
+    """One permutation per supermask layer: edge ids from the lowest to the highest rank (FRL)."""
+
+    layers: tuple[torch.Tensor, ...]
+    capabilities = frozenset({RANKING})
+
+    def num_bits(self) -> int:
+        return sum(permutation_bits(layer.numel()) for layer in self.layers)
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from fedexp.__main__ import find_conf
 from fedexp.core.cohort import CohortResults, CohortTraining, unstack
-from fedexp.core.messages import Ranking
-from fedexp.core.types import ConfigError, RoundContext, Weights
+from fedexp.core.types import ConfigError, Ranking, RoundContext, Weights
 from fedexp.engine.executors.stacked import StaticStep
 from fedexp.engine.functional_optim import GroupSpec
 from fedexp.run import Experiment
