@@ -50,7 +50,7 @@ from fedexp.core.client_loop import begin_client, client_streams, finish_client
 from fedexp.core.local import LocalTraining, PhaseTraining, optimizer_lrs
 from fedexp.core.seeding import CLIENT, derive_seed, seed_global_rng
 from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext
-from fedexp.engine.executors.cohort import run_cohort
+from fedexp.engine.executors.batched_round import run_cohort
 from fedexp.engine.executors.stacked import (
     check_vmappable,
     schedule,
