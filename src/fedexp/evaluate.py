@@ -4,7 +4,7 @@ the final models a run saved (`model.pt`, `personal_models/`; `fedexp.runtime.fi
 The run's components are rebuilt from its `.hydra/config.yaml` (the data, partitioned as in
 the run, and the algorithm, whose evaluation modules take the saved weights), and the saved
 global and personal models are evaluated exactly as a run evaluates them
-(`fedexp.engine.eval.evaluate.evaluate`): the same metric names (`eval/global/acc`,
+(`fedexp.engine.eval.all_clients.evaluate`): the same metric names (`eval/global/acc`,
 `eval/personal/acc_mean`, ...; `eval/val/...` with `split=val`), and on the run's own data the
 same values as the run's final evaluation. They go to `<run dir>/evaluate/<split>.json`
 (`<split>-<tag>.json` on other data: `dataset=<name>` evaluates on another dataset of
@@ -28,7 +28,7 @@ from fedexp.config.build import find_conf
 from fedexp.config.pool import resolve_server_pool
 from fedexp.config.saved import add_new_keys, read_yaml
 from fedexp.core.algorithm import PersonalBatch
-from fedexp.engine.eval.evaluate import evaluate
+from fedexp.engine.eval.all_clients import evaluate
 from fedexp.errors import ConfigError
 from fedexp.loggers.files import write_json_atomic
 from fedexp.runtime.checkpoint import config_hash

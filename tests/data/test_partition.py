@@ -148,7 +148,7 @@ def test_local_split_and_cache(tmp_path):
 
 
 def test_empty_local_test_splits_are_left_out_of_the_spread():
-    from fedexp.engine.eval.evaluate import distribution
+    from fedexp.engine.eval.all_clients import distribution
 
     spread = distribution("eval/personal", np.array([0.5, np.nan, 1.0]))
     assert spread["eval/personal/acc_mean"] == 0.75 and spread["eval/personal/acc_min"] == 0.5

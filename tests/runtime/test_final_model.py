@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from conftest import REPO, smoke_experiment
 from fedexp.core.client_store import state_bytes
-from fedexp.engine.eval.evaluate import evaluate
+from fedexp.engine.eval.all_clients import evaluate
 from fedexp.evaluate import evaluate_run, load_models, main
 
 RUNS = {

@@ -15,7 +15,7 @@ from fedexp.core.callbacks import Callback, RoundReport, frozen
 from fedexp.core.cohort import is_cohort, result_losses
 from fedexp.core.seeding import sample_clients
 from fedexp.core.types import Diverged, RoundContext, ServerState, malicious_count
-from fedexp.engine.eval.evaluate import evaluate
+from fedexp.engine.eval.all_clients import evaluate
 from fedexp.engine.executors.sequential import train_aside
 from fedexp.metrics.comm import stats_bits
 

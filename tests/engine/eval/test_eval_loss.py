@@ -17,7 +17,7 @@ from fedexp.core.algorithm import Algorithm
 from fedexp.data.datasets import Dataset
 from fedexp.data.federated import FederatedData
 from fedexp.data.partition import Partition
-from fedexp.engine.eval.evaluate import evaluate
+from fedexp.engine.eval.all_clients import evaluate
 
 LOG3 = math.log(3)
 LOSS_KEYS = [

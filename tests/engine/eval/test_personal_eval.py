@@ -9,7 +9,7 @@ import torch
 
 from conftest import smoke_experiment
 from fedexp.core.types import ConfigError
-from fedexp.engine.eval.evaluate import evaluate, personal_sample
+from fedexp.engine.eval.all_clients import evaluate, personal_sample
 from fedexp.engine.eval.hits import accuracy
 from fedexp.engine.eval.personal import personal_accuracies
 from near_ties import assert_same_accuracies, near_ties
