@@ -76,6 +76,8 @@ def header(argv, args, seeds, results: dict[str, SettingResult], wall: float) ->
     ran = (
         f"{len(fresh)} runs made, {duration(sum(r.run_s for r in fresh))} of run time, "
         f"{duration(wall)} of wall time with {args.jobs} job(s)"
+        if fresh
+        else "no runs made"
     )
     if reused:
         own = [r.summary.timing.wall_time_s for r in records if r.reused and r.summary]
