@@ -21,12 +21,12 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from fedexp.audit.callback import AuditCallback
 from fedexp.config.build import build
 from fedexp.core.callbacks import Callback
 from fedexp.loggers.files import RunRecorder
 from fedexp.loggers.progress import ProgressBar, progress_callbacks
 from fedexp.run.components import Components, saved_components
-from fedexp.runtime.audit_callback import AuditCallback
 from fedexp.runtime.pruning import trial_pruner
 from fedexp.runtime.resume import Checkpointer
 
