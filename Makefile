@@ -47,7 +47,7 @@ bench: install  ## fedexp vs a plain PyTorch loop on a fixed FedAvg workload
 claims: install  ## the papers' claims on small data, 5 seeds (~37 min on 2 cores); rewrites docs/CLAIMS.md's table
 	OMP_NUM_THREADS=1 $(BIN)/python -m fedexp.claims --jobs $(CLAIMS_JOBS) --update-doc docs/CLAIMS.md
 
-claims-paper: install  ## the claims at the papers' protocols on MNIST-1D, 3 seeds (~75 min); rewrites its table
+claims-paper: install  ## the claims at the papers' protocols on MNIST-1D, 3 seeds (~110 min); rewrites its table
 	OMP_NUM_THREADS=1 $(BIN)/python -m fedexp.claims --tier paper --jobs $(CLAIMS_JOBS) --update-doc docs/CLAIMS.md
 
 lint: install  ## ruff lint and format check; the package's import layers (import-linter)

@@ -40,10 +40,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
         default="small",
         choices=TIERS,
         help="small: the bundled digits, minutes (default); paper: the papers' protocols on "
-        "MNIST-1D, about 75 minutes on 2 cores with --jobs 2",
+        "MNIST-1D, about 110 minutes on 2 cores with --jobs 2",
     )
     parser.add_argument(
-        "--seeds", type=int, default=None, help="seeds 0..N-1 per setting (small 3, paper 2)"
+        "--seeds", type=int, default=None, help="seeds 0..N-1 per setting (small 5, paper 3)"
     )
     parser.add_argument("--only", default=None, help="claim ids or slugs, comma-separated")
     parser.add_argument("--out", default=None, help="output dir (outputs/claims/<timestamp>)")

@@ -1,5 +1,5 @@
 """The claims' tiers: `small` (the bundled digits, minutes) and `paper` (the papers' protocols
-on MNIST-1D, about 75 minutes on 2 cores with 2 jobs). Each gives its claims and the settings they
+on MNIST-1D, about 110 minutes on 2 cores with 2 jobs). Each gives its claims and the settings they
 run."""
 
 from __future__ import annotations
