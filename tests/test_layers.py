@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-CONTRACTS = ("layers", "leaves", "wiring")
+CONTRACTS = ("layers", "core-below-engine", "leaves", "wiring")
 
 # import-linter in processes of its own, and the import graph of the whole package
 pytestmark = pytest.mark.cli
@@ -74,7 +74,26 @@ def test_upward_imports_into_engine_runtime_and_config_break_the_layers(tmp_path
     assert "fedexp.algorithms.fedprox -> fedexp.engine.orchestrator" in out
     assert "fedexp.core is not allowed to import fedexp.runtime" in out
     assert "fedexp.runtime is not allowed to import fedexp.config" in out
-    assert f"Contracts: {len(CONTRACTS) - 1} kept, 1 broken." in proc.stdout, proc.stdout
+    # core -> runtime breaks the core-below-engine contract too
+    assert "fedexp.core.seeding -> fedexp.runtime.signals" in out
+    assert "until 0.2.0) BROKEN" in out
+    assert f"Contracts: {len(CONTRACTS) - 2} kept, 2 broken." in proc.stdout, proc.stdout
+
+
+def test_core_importing_the_engine_breaks_its_contract_but_the_old_paths_do_not(tmp_path):
+    # the old paths' re-exports are the only imports of engine/ and runtime/ core may hold
+    shutil.copy(REPO / "pyproject.toml", tmp_path)
+    shutil.copytree(REPO / "src", tmp_path / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    module = tmp_path / "src/fedexp/core/flat.py"
+    module.write_text(module.read_text() + "\nfrom fedexp.engine import stacking  # noqa: E402\n")
+    proc = lint_imports(tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    out = " ".join(proc.stdout.split())
+    assert "fedexp.core.flat -> fedexp.engine.stacking" in out
+    assert "until 0.2.0) BROKEN" in out  # and the layers, as any upward import
+    assert f"Contracts: {len(CONTRACTS) - 2} kept, 2 broken." in proc.stdout, proc.stdout
+    shims = ("executors", "vectorized", "distributed", "run_dir")
+    assert not any(f"fedexp.core.{shim} ->" in out for shim in shims)  # ignored, both times
 
 
 def _module_cycles() -> list[list[str]]:

@@ -1,1 +1,10 @@
-from fedexp.engine.executors.distributed import *  # noqa: F403 - the old path, named by run dirs saved before engine/ and runtime/
+"""The old path of `fedexp.engine.executors.distributed`, re-exported: removed in fedexp 0.2.0.
+
+Run dirs saved before engine/ and runtime/ existed name
+`fedexp.core.distributed.DistributedExecutor` (executor=distributed) as a `_target_` in their
+`.hydra/config.yaml`, and resume through this module. fedexp 0.2.0, the next minor release, drops
+it: resume such a run dir with 0.1.x. The old paths are listed in docs/lifecycle.md ("Old module
+paths").
+"""
+
+from fedexp.engine.executors.distributed import *  # noqa: F403
