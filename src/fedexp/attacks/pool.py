@@ -9,8 +9,8 @@ computed) plus other malicious clients drawn from the seed and the round until `
 uploads are known; the others train from the round's starting state through the run's own
 executor and algorithm (the aside-trainer the round loop hands the attack, `use_aside`) on their
 usual streams, so the pool's members are the same whichever executor runs, and nothing of that
-extra training reaches the honest clients. `pool: sampled`
-knows only the round's sampled attackers.
+extra training reaches the honest clients. `pool: sampled` knows only the round's sampled
+attackers.
 """
 
 from __future__ import annotations
