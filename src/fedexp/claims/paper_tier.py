@@ -151,30 +151,19 @@ _SETTINGS = [
     Setting("mia-fedavg", (*MIA, "algorithm=fedavg"), 120),
     *[
         Setting(
-            align_id(layer, eta),
+            align_id(layer, eta, prefix),
             (
-                *FEDHENN,
+                *base,
                 "algorithm=fedhenn",
                 *RAD,
                 f"algorithm.eta0={eta}",
                 f"algorithm.align_layer={layer}",
             ),
-            400 if eta == "0" else 520,
+            cost_off if eta == "0" else cost_on,
         )
-        for layer in LAYERS
-        for eta in ETAS
-    ],  # fmt: skip
-    *[
-        Setting(
-            align_id(layer, eta, "shards-fedhenn-het"),
-            (
-                *FEDHENN_HET,
-                "algorithm=fedhenn",
-                *RAD,
-                f"algorithm.eta0={eta}",
-                f"algorithm.align_layer={layer}",
-            ),
-            60 if eta == "0" else 330,
+        for prefix, base, cost_off, cost_on in (
+            ("shards-fedhenn", FEDHENN, 400, 520),
+            ("shards-fedhenn-het", FEDHENN_HET, 60, 330),
         )
         for layer in LAYERS
         for eta in ETAS
