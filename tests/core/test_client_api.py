@@ -4,7 +4,7 @@ target capabilities rather than classes, and the malicious count reaching `aggre
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import pytest
@@ -22,7 +22,7 @@ from fedexp.attacks.transform import Scaling, SignFlip
 from fedexp.core.algorithm import BuildContext
 from fedexp.core.client import ClientModule
 from fedexp.core.client_store import ClientStore
-from fedexp.core.local import ClientConfig, LocalTraining
+from fedexp.core.local import RULES, ClientConfig, LocalTraining
 from fedexp.core.types import (
     FLOAT_BITS,
     ClientResult,
@@ -54,19 +54,30 @@ GOOD = dict(local_epochs=2, batch_size=3, optimizer="sgd", lr=0.1, momentum=0.0,
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"lr": 0.0}, "client.lr: must be > 0"),
-        ({"lr": "fast"}, "client.lr: must be float"),
-        ({"batch_size": 0}, "client.batch_size: must be >= 1"),
-        ({"batch_size": 2.5}, "client.batch_size: must be int"),
-        ({"local_epochs": True}, "client.local_epochs: must be int"),
-        ({"optimizer": "rmsprop"}, "client.optimizer: must be one of"),
-        ({"momentum": -0.1}, "client.momentum: must be >= 0"),
-        ({"weight_decay": -1}, "client.weight_decay: must be >= 0"),
+        ({"lr": 0.0}, "client.lr: must be > 0, got 0.0"),
+        ({"lr": 0}, "client.lr: must be > 0, got 0"),  # the value as given
+        ({"lr": "fast"}, "client.lr: must be a number, got 'fast'"),
+        ({"lr": None}, "client.lr: must be a number, got None"),
+        ({"batch_size": 0}, "client.batch_size: must be >= 1, got 0"),
+        ({"batch_size": 2.5}, "client.batch_size: must be an int, got 2.5"),
+        ({"local_epochs": True}, "client.local_epochs: must be an int, got True"),
+        ({"optimizer": "rmsprop"}, "client.optimizer: must be one of ['adam', 'module', 'sgd']"),
+        ({"optimizer": 5}, "client.optimizer: must be a string, got 5"),
+        ({"momentum": -0.1}, "client.momentum: must be >= 0, got -0.1"),
+        ({"weight_decay": -1}, "client.weight_decay: must be >= 0, got -1"),
+        # one key after the other, in the order of the fields
+        ({"local_epochs": 0, "lr": "fast"}, "client.local_epochs: must be >= 1, got 0"),
+        ({"optimizer": "rmsprop", "lr": 0}, "client.optimizer: must be one of"),
     ],
 )
 def test_client_config_refuses_bad_values_naming_the_key(change, message):
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigError) as err:
         ClientConfig(**{**GOOD, **change})
+    assert str(err.value).startswith(message)
+
+
+def test_client_config_states_each_client_rule_once_in_field_order():
+    assert list(RULES) == [f.name for f in fields(ClientConfig)]
 
 
 def test_client_config_from_mapping_refuses_unknown_and_missing_keys():
@@ -74,6 +85,8 @@ def test_client_config_from_mapping_refuses_unknown_and_missing_keys():
         ClientConfig.from_mapping({**GOOD, "lr_decay": 0.5})
     with pytest.raises(ConfigError, match="client.momentum: missing"):
         ClientConfig.from_mapping({k: v for k, v in GOOD.items() if k != "momentum"})
+    with pytest.raises(ConfigError, match="client: must be a mapping of"):
+        ClientConfig.from_mapping(None)
     client = ClientConfig.from_mapping({**GOOD, "lr": 1})  # an int lr is a float
     assert client.lr == 1.0 and isinstance(client.lr, float)
     assert client.optimizer_spec == ("sgd", {"lr": 1.0, "weight_decay": 0.0, "momentum": 0.0})

@@ -1,25 +1,51 @@
 """A client's local training: what it is configured by (`ClientConfig`, built once from `client.*`)
-and what it did (`LocalTraining`, handed to `Algorithm.client_end`)."""
+and what it did (`LocalTraining`, handed to `Algorithm.client_end`).
+
+`ClientConfig` is the one owner of the `client.*` rules (`RULES`): the config's checks
+(`fedexp.config.values.check_config_values`) build it before anything else is built, so this
+module imports no torch at load time (a config error answers without it).
+"""
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from fedexp.errors import ConfigError
 
-from fedexp.core.types import ConfigError
+if TYPE_CHECKING:
+    import torch
 
 # module: the model's own `configure_optimizers` (a LightningModule of the user's)
 OPTIMIZERS = ("sgd", "adam", "module")
 
+# client.<key>: (type, (bound, limit)); a float accepts an int, never a bool. Each rule of the
+# client settings is stated here alone, in the order of `ClientConfig`'s fields
+RULES: dict[str, tuple[type, tuple[str, Any]]] = {
+    "local_epochs": (int, (">=", 1)),
+    "batch_size": (int, (">=", 1)),
+    "optimizer": (str, ("in", OPTIMIZERS)),
+    "lr": (float, (">", 0)),
+    "momentum": (float, (">=", 0)),
+    "weight_decay": (float, (">=", 0)),
+}
+_KINDS = {int: "an int", float: "a number", str: "a string"}
+_BOUNDS = {">=": operator.ge, ">": operator.gt}
 
-def _number(key: str, value: Any, kind: type) -> Any:
-    """`value` as `kind` (int, or float accepting an int); never a bool or a string."""
-    ok = isinstance(value, kind) or (kind is float and isinstance(value, int))
-    if isinstance(value, bool) or not ok:
-        raise ConfigError(f"client.{key}: must be {kind.__name__}, got {value!r}")
+
+def _checked(key: str, value: Any) -> Any:
+    """`value` of `client.<key>` as its type, once it fits its rule (`RULES`); else a
+    ConfigError `client.<key>: must be ..., got <value>`."""
+    kind, (bound, limit) = RULES[key]
+    fits = isinstance(value, kind) or (kind is float and isinstance(value, int))
+    if isinstance(value, bool) or not fits:
+        raise ConfigError(f"client.{key}: must be {_KINDS[kind]}, got {value!r}")
+    if bound == "in" and value not in limit:
+        raise ConfigError(f"client.{key}: must be one of {sorted(limit)}, got {value!r}")
+    if bound != "in" and not _BOUNDS[bound](value, limit):
+        raise ConfigError(f"client.{key}: must be {bound} {limit}, got {value!r}")
     return kind(value)
 
 
@@ -44,32 +70,16 @@ class ClientConfig:
     weight_decay: float
 
     def __post_init__(self) -> None:
-        set_ = object.__setattr__  # frozen: normalise the types once, here
-        for key in ("local_epochs", "batch_size"):
-            set_(self, key, _number(key, getattr(self, key), int))
-        for key in ("lr", "momentum", "weight_decay"):
-            set_(self, key, _number(key, getattr(self, key), float))
-        checks = [
-            (self.local_epochs >= 1, "local_epochs", f"must be >= 1, got {self.local_epochs}"),
-            (self.batch_size >= 1, "batch_size", f"must be >= 1, got {self.batch_size}"),
-            (
-                self.optimizer in OPTIMIZERS,
-                "optimizer",
-                f"must be one of {sorted(OPTIMIZERS)}, got {self.optimizer!r}",
-            ),
-            (self.lr > 0, "lr", f"must be > 0, got {self.lr}"),
-            (self.momentum >= 0, "momentum", f"must be >= 0, got {self.momentum}"),
-            (self.weight_decay >= 0, "weight_decay", f"must be >= 0, got {self.weight_decay}"),
-        ]
-        for ok, key, problem in checks:
-            if not ok:
-                raise ConfigError(f"client.{key}: {problem}")
+        for key in RULES:  # frozen: the values normalised to their types once, here
+            object.__setattr__(self, key, _checked(key, getattr(self, key)))
 
     @classmethod
     def from_mapping(cls, node: Mapping[str, Any]) -> ClientConfig:
         """The config of the `client` node (a resolved mapping); unknown or missing keys are a
         ConfigError naming them."""
         names = [f.name for f in fields(cls)]
+        if not isinstance(node, Mapping):
+            raise ConfigError(f"client: must be a mapping of {names}, got {node!r}")
         for key in node:
             if key not in names:
                 raise ConfigError(f"client.{key}: not a client setting (one of {names})")
@@ -140,6 +150,8 @@ class LocalTraining:
 def optimizer_lrs(optimizer: Any) -> tuple[float, ...]:
     """The learning rate of each param group of `optimizer` (a torch optimizer, or an object
     holding several in `.optimizers`, e.g. `JointOptimizer`)."""
+    import torch  # here, not at load time: the config's checks import this module before torch
+
     if not isinstance(optimizer, torch.optim.Optimizer) and hasattr(optimizer, "optimizers"):
         return tuple(lr for part in optimizer.optimizers for lr in optimizer_lrs(part))
     return tuple(float(group["lr"]) for group in optimizer.param_groups)
