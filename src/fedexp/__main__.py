@@ -108,13 +108,14 @@ def _build_or_refuse(
     try:
         from fedexp.config.values import check_config_values
 
-        # before torch is imported: the config as values, refused in a moment when bad
-        check_config_values(cfg)
+        # before torch is imported: the config as values, refused in a moment when bad (the
+        # one run of these checks: the build is handed what they found)
+        checked = check_config_values(cfg)
         spills += [d for d in [own_spill_dir(cfg, run_dir)] if d is not None]
         from fedexp.run import Experiment
         from fedexp.run.callbacks import config_loggers
 
-        experiment = Experiment(cfg, run_dir, resume=resume)
+        experiment = Experiment(cfg, run_dir, resume=resume, checked=checked)
         loggers = config_loggers(cfg, run_dir, experiment.objective, multirun)
     except (ConfigError, OSError) as err:  # OSError: a file the build reads or writes
         from fedexp.runtime.run_dir import os_error_line

@@ -62,6 +62,7 @@ def probe(tmp_path, *args: str, env=None, script=PROBE) -> subprocess.CompletedP
         (("--help",), 0, "== Examples =="),
         (("--cfg", "job", "algorithm=fedprox"), 0, "mu:"),
         (("rounds=0",), 2, "fedexp: error: rounds: must be >= 1, got 0"),
+        (("client.optimizer=lbfgs",), 2, "fedexp: error: client.optimizer: must be one of"),
         (("seed=abc",), 2, "fedexp: error: seed: must be"),
         (("nosuchkey=1",), 2, "fedexp: error: nosuchkey: no such key in the config"),
     ],

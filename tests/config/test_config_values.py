@@ -12,6 +12,7 @@ from omegaconf import OmegaConf, open_dict
 
 from conftest import main_in_process
 from fedexp.config.values import check_config_values
+from fedexp.core.local import ClientConfig
 from fedexp.errors import ConfigError
 
 pytestmark = pytest.mark.experiment
@@ -98,3 +99,55 @@ def test_the_cli_refuses_a_nan_in_one_line_before_the_data_and_leaves_no_run_dir
     assert err == "fedexp: error: partition.beta: must be a finite number, got nan\n"
     assert not (tmp_path / "run").exists()  # refused before anything stays
     assert not (tmp_path / "cache").exists()  # before the data (and its cache)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("rounds=0", "client.lr=0"), "rounds: must be >= 1, got 0"),  # the run scalars first
+        (("client.lr=0", "partition.server_pool=-1"), "client.lr: must be > 0, got 0"),
+        (("client.lr=nan",), "client.lr: must be a finite number, got nan"),  # not a range
+        (("~client.lr",), "client.lr: missing"),
+    ],
+)
+def test_the_client_settings_are_checked_by_their_owner_in_their_place(compose_cfg, args, expected):
+    with pytest.raises(ConfigError) as err:
+        check_config_values(compose_cfg(*args))
+    assert str(err.value) == expected
+
+
+def test_the_checks_hand_on_the_runs_one_client_config(compose_cfg):
+    checked = check_config_values(compose_cfg("client.lr=1"))
+    assert checked.client == ClientConfig(1, 32, "sgd", 1.0, 0.0, 0.0)
+    assert checked.values["client"]["lr"] == 1  # the config as resolved
+
+
+def test_a_run_checks_its_config_values_and_client_settings_once(tmp_path, monkeypatch, capsys):
+    # before: `python -m fedexp` checked the values, then `check_types` again, then
+    # `ClientConfig` the client settings a third time
+    import fedexp.__main__ as entry
+    import fedexp.config.values as values
+    import fedexp.run.components as components
+
+    calls = {"values": 0, "client": 0}
+    check, post_init = values.check_config_values, ClientConfig.__post_init__
+
+    def counted_check(cfg):
+        calls["values"] += 1
+        return check(cfg)
+
+    def counted_post_init(self):
+        calls["client"] += 1
+        post_init(self)
+
+    monkeypatch.setattr(values, "check_config_values", counted_check)
+    monkeypatch.setattr(components, "check_config_values", counted_check)
+    monkeypatch.setattr(ClientConfig, "__post_init__", counted_post_init)
+    built = []
+    monkeypatch.setattr(entry, "_run_or_fail", lambda *args: built.append(args[0]))  # no rounds
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FEDEXP_CACHE_DIR", str(tmp_path / "cache"))
+    code, err = main_in_process(monkeypatch, capsys, "debug=smoke", "hydra.run.dir=run")
+    assert (code, len(built)) == (0, 1), err
+    assert calls == {"values": 1, "client": 1}
+    assert built[0].client is built[0].algorithm.ctx.client  # the one ClientConfig, handed on

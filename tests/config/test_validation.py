@@ -51,6 +51,10 @@ BAD_CONFIGS: list[tuple[tuple[str, ...], str]] = [
         "partition.server_pool: 1500 >= the 1438 training samples",
     ),
     (("partition.server_pool=-1",), "partition.server_pool: must be >= 0"),
+    (  # `auto` resolved to what the algorithm asks for is held to the same rule
+        ("algorithm=fedhenn", "algorithm.rad_source=server", "algorithm.rad_size=-5"),
+        "partition.server_pool: must be >= 0, got -10",
+    ),
     (("attack=rank_reversal",), "attack: rank_reversal cannot target FedAvg"),
     (("algorithm=signsgd", "attack=scaling"), "attack: scaling cannot target SignSGD"),
     (("algorithm=frl", "attack=sign_flip"), "attack: sign_flip cannot target FRL"),
@@ -76,6 +80,7 @@ BAD_CONFIGS: list[tuple[tuple[str, ...], str]] = [
     (("dataset.foo=1",), "dataset.foo: not an option of fedexp.data.datasets.load_digits"),
     (("attack=scaling", "attack.factr=2"), "attack.factr: not an option of"),
     (("client.lrr=0.1",), "client.lrr: no such key in the config"),
+    (("~client.lr",), "client.lr: missing"),
     # types and ranges, before anything is written (an int is not a bool or a float)
     (("rounds=abc",), "rounds: must be an int, got 'abc'"),
     (("rounds=2.5",), "rounds: must be an int, got 2.5"),

@@ -16,7 +16,7 @@ import logging
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from fedexp.config.values import check_value
+from fedexp.config.values import GROUP_SCALARS, check_value
 
 KEY = "partition.server_pool"
 AUTO = "auto"
@@ -49,8 +49,9 @@ def resolve_server_pool(cfg: DictConfig) -> None:
         return
     if has_cap and cap is not None:
         check_value(CAP, cap, int, (">=", 0))
-    if pool == AUTO:
+    if pool == AUTO:  # the size it stands for, held to the rule a given size is
         pool = pool_need(cfg)
+        check_value(KEY, pool, *GROUP_SCALARS[KEY])
     with open_dict(cfg):
         if has_cap:
             del cfg.partition["max_server_pool"]

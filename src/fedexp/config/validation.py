@@ -35,7 +35,7 @@ from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
 from fedexp.config.build import accepted_options, annotations_of, not_an_option
-from fedexp.config.values import check_config_values, check_value
+from fedexp.config.values import check_value
 from fedexp.errors import ConfigError, with_checks  # noqa: F401 - with_checks is part of this API
 
 ConfigCheck = Callable[[DictConfig], None]
@@ -116,12 +116,11 @@ def validate_data(cfg: DictConfig, data: Any) -> None:
         rule(cfg, data)
 
 
-# ---- types and ranges (the scalars' own: `fedexp.config.values`) -------------------------------
+# ---- types and ranges (the scalars' own: `fedexp.config.values`, run before these) -------------
 def check_types(cfg: DictConfig) -> None:
-    """Types and ranges of the run scalars (`SCALARS`), then of every component's options
-    against its target's annotations, then the relations between the run's scalars; raises
-    ConfigError."""
-    check_config_values(cfg)  # resolves, required keys, the scalars, finite numbers, dirs
+    """Every component's keys, and its options' types against its target's annotations, then
+    the relations between the run's scalars; raises ConfigError. The values themselves (the run
+    scalars, the client settings) were checked before: `fedexp.config.values`."""
     nodes = [(key, obj, OmegaConf.select(cfg, key)) for key, obj in components(cfg)]
     for key, obj, node in nodes:
         check_keys(key, obj, node)

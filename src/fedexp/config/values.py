@@ -1,12 +1,14 @@
 """The composed config as values, checked before anything is built or loaded (no torch needed).
 
-`check_config_values(cfg)` runs first in every run and every resume, so each failure is one
-line naming the key, before the data is loaded:
+`check_config_values(cfg)` runs first in every run and every resume, once, so each failure is
+one line naming the key, before the data is loaded:
 
 - every value resolves: an interpolation to a key that does not exist (`${nope}`), an unset
   environment variable (`${oc.env:NAME}` without a default) or a `???` left unset is refused;
 - the keys a run needs (`REQUIRED`) are there (`~rounds` deletes one);
-- the run scalars have their types and ranges (`SCALARS`);
+- the run scalars have their types and ranges (`SCALARS`, `GROUP_SCALARS`), and the client
+  settings theirs: `fedexp.core.local.ClientConfig` owns the `client.*` rules and is built here,
+  the run's one `ClientConfig` (`CheckedValues.client`, handed on to the build);
 - every number anywhere in the config (the options of every algorithm, aggregator, attack,
   partition, client, dataset, audit, ...) is finite: no option of fedexp takes NaN or ±inf, so
   one walk over the whole config refuses them wherever they are (each component's own range
@@ -23,12 +25,14 @@ import os
 import types
 import typing
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Union
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from fedexp.core.local import ClientConfig
 from fedexp.errors import ConfigError, check_directory
 
 # keys every run reads: deleting one (`~rounds`) is refused here, not met as a KeyError later
@@ -54,8 +58,16 @@ DIRECTORIES = ("client_store.spill_dir",)
 DIRECTORY_GROUPS = ("paths",)  # every key under these names a directory
 
 
-def check_config_values(cfg: DictConfig) -> dict:
-    """Run the checks of the module docstring; returns the resolved config (plain containers)."""
+@dataclass(frozen=True)
+class CheckedValues:
+    """What `check_config_values` returns: its proof that the checks ran, for the build."""
+
+    values: dict  # the config resolved (plain containers)
+    client: ClientConfig  # `client.*`, built (so checked) by its owner: the run's one
+
+
+def check_config_values(cfg: DictConfig) -> CheckedValues:
+    """Run the checks of the module docstring, in its order."""
     values = resolved(cfg)
     for key in REQUIRED:
         if OmegaConf.select(cfg, key, default=_MISSING) is _MISSING:
@@ -63,12 +75,19 @@ def check_config_values(cfg: DictConfig) -> dict:
                 f"{key}: missing from the config (removed with ~{key}?); runs read it"
             )
     check_finite(values)  # first: NaN is refused as such, not as out of a range
-    for key, (ann, bound) in SCALARS.items():
+    check_scalars(cfg, SCALARS)
+    client = ClientConfig.from_mapping(values["client"])  # the `client.*` rules, its own
+    check_scalars(cfg, GROUP_SCALARS)
+    check_directories(values)
+    return CheckedValues(values, client)
+
+
+def check_scalars(cfg: DictConfig, table: dict[str, tuple[Any, tuple | None]]) -> None:
+    """The type and range of each key of `table` the config has (`check_value`)."""
+    for key, (ann, bound) in table.items():
         value = OmegaConf.select(cfg, key, default=_MISSING)
         if value is not _MISSING:
             check_value(key, value, ann, bound)
-    check_directories(values)
-    return values
 
 
 _MISSING = object()
@@ -127,7 +146,8 @@ def check_directories(values: dict) -> None:
 
 
 # ---- types and ranges ---------------------------------------------------------------------------
-# run scalars and client settings (no `_target_` to read them from): key -> (type, bound)
+# run scalars (no `_target_` to read them from): key -> (type, bound); the client settings come
+# between these and GROUP_SCALARS, checked by their owner (`ClientConfig`)
 SCALARS: dict[str, tuple[Any, tuple | None]] = {
     "seed": (int, ((">=", 0), ("<", 2**63))),  # torch and numpy seeds take 64-bit signed ints
     "rounds": (int, (">=", 1)),
@@ -140,12 +160,9 @@ SCALARS: dict[str, tuple[Any, tuple | None]] = {
     "malloc_keep": (bool, None),
     "progress_every_s": (float | None, (">=", 0)),
     "objective": (str | None, None),
-    "client.local_epochs": (int, (">=", 1)),
-    "client.batch_size": (int, (">=", 1)),
-    "client.optimizer": (str, None),
-    "client.lr": (float, (">", 0)),
-    "client.momentum": (float, (">=", 0)),
-    "client.weight_decay": (float, (">=", 0)),
+}
+# options fedexp reads itself in the partition and dataset nodes
+GROUP_SCALARS: dict[str, tuple[Any, tuple | None]] = {
     "partition.server_pool": (int | Literal["auto"], (">=", 0)),
     "partition.test_fraction": (float, (">=", 0)),
     "partition.classes_per_client": (int, (">=", 1)),

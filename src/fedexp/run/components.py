@@ -21,6 +21,7 @@ from fedexp.config.validation import (
     validate_config,
     validate_data,
 )
+from fedexp.config.values import CheckedValues, check_config_values
 from fedexp.core.algorithm import BuildContext
 from fedexp.core.callbacks import Callback
 from fedexp.core.client_store import ClientStore
@@ -223,14 +224,29 @@ def _executor(cfg: DictConfig, algorithm, num_clients: int):
     return executor
 
 
-def build_components(cfg: DictConfig, run_dir: str | Path, resume: bool = False) -> Components:
-    """Validate `cfg` and build every component; with `resume=True` the run dir's checkpoint is
-    loaded and checked first (a bad one is a ConfigError before anything is built)."""
+def validate(cfg: DictConfig, checked: CheckedValues | None = None) -> ClientConfig:
+    """Every check of the config that needs no data, each once; returns the run's client
+    settings, the one typed route of `client.*` to the algorithm, its modules, the executor and
+    the audits. `checked`: what `check_config_values(cfg)` returned where it ran already
+    (`python -m fedexp` runs it before importing torch); None: it runs here, first."""
+    if checked is None:
+        checked = check_config_values(cfg)  # the values, the client settings among them
     resolve_server_pool(cfg)  # `auto`: the pool the algorithm reads, none if it reads none
-    check_types(cfg)  # the config as values, types and ranges, every component's keys
+    check_types(cfg)  # every component's keys and option types, the run's scalars' relations
     validate_config(cfg)  # the run's rules and the checks the components declare
-    # the one typed route of `client.*` to the algorithm, its modules, executor and audits
-    client = ClientConfig.from_mapping(OmegaConf.to_container(cfg.client, resolve=True))
+    return checked.client
+
+
+def build_components(
+    cfg: DictConfig,
+    run_dir: str | Path,
+    resume: bool = False,
+    *,
+    checked: CheckedValues | None = None,
+) -> Components:
+    """`validate` `cfg`, then build every component; with `resume=True` the run dir's
+    checkpoint is loaded and checked first (a bad one: a ConfigError before any is built)."""
+    client = validate(cfg, checked)
     run_dir = Path(run_dir)
     device = resolve_device(cfg.device)
     setting = cfg.get("threads", "auto")

@@ -11,6 +11,7 @@ from pathlib import Path
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
+from fedexp.config.values import CheckedValues
 from fedexp.core.callbacks import Callback, RunInfo, run_end, run_start
 from fedexp.core.summary import Objective, RunSummary, Timing
 from fedexp.core.types import Diverged
@@ -154,8 +155,16 @@ class Experiment:
     """The built components of one run (`build_components`) with the calls scripts and tests
     use; every component is an attribute (`exp.algorithm`, `exp.data`, `exp.callbacks`, ...)."""
 
-    def __init__(self, cfg: DictConfig, run_dir: str | Path, resume: bool = False):
-        self.components = build_components(cfg, run_dir, resume)
+    def __init__(
+        self,
+        cfg: DictConfig,
+        run_dir: str | Path,
+        resume: bool = False,
+        *,
+        checked: CheckedValues | None = None,
+    ):
+        """`checked`: what `check_config_values(cfg)` returned, where it ran already."""
+        self.components = build_components(cfg, run_dir, resume, checked=checked)
 
     def __getattr__(self, name: str):
         components = self.__dict__.get("components")
