@@ -457,3 +457,21 @@ def test_a_measurement_row_is_tabulated_term_by_term():
     pair = (terms[0], terms[2])
     compared = Claim("1", "c", "A > B", "p", "n", pair, ((0, ">", 1),), section="s")
     assert grid_tables([compared], {"1": [measured[0], measured[2]]}) == ""
+
+
+def test_an_attack_option_applies_to_the_attacked_settings_alone():
+    from fedexp.claims.claim import Setting
+    from fedexp.claims.runner import overrides_for
+
+    clean = Setting("c", ("experiment=frl_digits",), 1)
+    attacked = Setting("a", ("experiment=frl_digits", "attack=rank_reversal"), 1)
+    none = Setting("n", ("experiment=frl_digits", "attack=none"), 1)
+    extra = ("attack.fraction=0.1", "rounds=5")
+    assert overrides_for(attacked, extra) == extra
+    # a clean run has no attack whose fraction could be set: it runs as its tier has it
+    assert overrides_for(clean, extra) == ("rounds=5",)
+    assert overrides_for(none, extra) == ("rounds=5",)
+    # the paper tier's FRL settings: clean ones keep their overrides under --vary attack.*
+    claims, settings = tier("paper")
+    assert overrides_for(settings["frl-clean"], extra) == ("rounds=5",)
+    assert overrides_for(settings["frl-rr20"], extra) == extra

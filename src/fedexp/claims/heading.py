@@ -70,6 +70,8 @@ def header(argv, args, seeds, results: dict[str, SettingResult], wall: float) ->
     runs this check made (their own seconds summed, and the wall time of the check), the
     runs reused from an earlier check counted apart."""
     extra = f"; every run with `{' '.join(args.override)}`" if args.override else ""
+    if any(o.lstrip("+~").startswith("attack.") for o in args.override):
+        extra += " (an `attack.*` option: the attacked settings alone)"
     records = [r for res in results.values() for r in res.runs.values()]
     fresh = [r for r in records if not r.reused]
     reused = len(records) - len(fresh)

@@ -66,6 +66,20 @@ def command(setting: Setting, seeds: list[int], sweep_dir: Path, extra: tuple[st
     ]
 
 
+def attacked(setting: Setting) -> bool:
+    """Whether the setting runs an attack (an `attack=` override other than `none`)."""
+    return any(o.startswith("attack=") and o != "attack=none" for o in setting.overrides)
+
+
+def overrides_for(setting: Setting, extra: tuple[str, ...]) -> tuple[str, ...]:
+    """The overrides of `extra` that apply to `setting`: an attack's option (`attack.*`) applies
+    to the attacked settings alone; a clean run has no attack to set (the CLI refuses
+    `attack.fraction` without one), so it runs as its tier has it."""
+    if attacked(setting):
+        return tuple(extra)
+    return tuple(o for o in extra if not o.lstrip("+~").startswith("attack."))
+
+
 def seed_dirs(sweep: Path, seed: int) -> list[Path]:
     """A seed's run dirs in a setting's sweep dir, oldest first: `seed<k>`, then those of each
     later batch (`batch-<n>/seed<k>`, the runs of a resumed check)."""
@@ -136,7 +150,8 @@ class Runner:
 
     def run_setting(self, setting: Setting) -> SettingResult:
         sweep = self.out / "runs" / setting.id
-        spec = {"overrides": [*setting.overrides, *self.extra, *FIXED]}
+        extra = overrides_for(setting, self.extra)
+        spec = {"overrides": [*setting.overrides, *extra, *FIXED]}
         spec_path = sweep / "setting.json"
         same = spec_path.exists() and json.loads(spec_path.read_text()) == spec
         if sweep.exists() and not same:  # runs of other overrides: kept aside, never reused
@@ -164,7 +179,7 @@ class Runner:
             sweep = sweep / f"batch-{len(batches) + 1}"
             sweep.mkdir()
         start = time.perf_counter()
-        pending, code = self._run_process(setting, todo, sweep, runs)
+        pending, code = self._run_process(setting, todo, sweep, runs, extra)
         error = None
         for seed in pending:  # the process ended without these runs' summaries
             runs[seed] = RunRecord(setting.id, seed, str(sweep / f"seed{seed}"), "failed", 0.0)
@@ -175,7 +190,7 @@ class Runner:
         return SettingResult(setting.id, runs, time.perf_counter() - start, error)
 
     def _run_process(
-        self, setting: Setting, todo: list[int], sweep: Path, runs: dict
+        self, setting: Setting, todo: list[int], sweep: Path, runs: dict, extra: tuple
     ) -> tuple[list[int], int | None]:
         """Run the setting's multirun over `todo` in `sweep`, recording each run in `runs` as
         its summary appears; the seeds the process ended without, and its exit code."""
@@ -183,7 +198,7 @@ class Runner:
         last = time.perf_counter()
         with open(sweep / "claims_stderr.log", "w") as err:
             proc = subprocess.Popen(
-                command(setting, todo, sweep, self.extra),
+                command(setting, todo, sweep, extra),
                 env=env,
                 stdout=subprocess.DEVNULL,
                 stderr=err,

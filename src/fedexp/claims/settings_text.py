@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fedexp.claims.claim import Claim, Setting, settings_of
+from fedexp.claims.runner import overrides_for
 from fedexp.config.build import find_conf
 from fedexp.core.summary import RunSummary
 from fedexp.core.types import ConfigError
@@ -122,7 +123,7 @@ def check_composes(settings: Sequence[Setting], extra: Sequence[str] = ()) -> No
     method, a misspelt key."""
     for setting in settings:
         try:
-            composed(setting, extra)
+            composed(setting, overrides_for(setting, tuple(extra)))
         except Exception as err:  # Hydra's errors have no common base but Exception
             lines = str(err).strip().splitlines() or [type(err).__name__]
             raise ConfigError(f"setting {setting.id}: does not compose: {lines[0]}") from None
