@@ -224,56 +224,63 @@ def train_stacked(
             schedules, generators, transform,
         )  # fmt: skip
     num = next(iter(stacked.values())).shape[0]
-    device = x_all.device
-    step_fn = vmapped_step(module)
-    loss_sum = torch.zeros(num, device=device)
-    log_sums: dict[str, torch.Tensor] = {}  # name -> [num], over each client's own steps
-    log_counts: dict[str, torch.Tensor] = {}
+    step = (vmapped_step(module), buffers, batched_attrs)
+    data = (x_all, y_all, transform, generators)
+    totals = (torch.zeros(num, device=x_all.device), {}, {})  # loss; logged sums, counts by name
     global_step = 0
     generator_backup = module.generator
     module.generator = None  # inside vmap, randomness comes from the global RNG
     vars(module).update(shared_attrs)
     try:
-        for (name, phase_params, spec), (idx, valid, active, everyone) in zip(plans, schedules):
+        for (name, phase_params, spec), phase in zip(plans, schedules):
             module.current_phase = name  # as `start_phase` sets it sequentially
-            trainable = set(phase_params)
-            optim = FunctionalOptimizer(spec)
-            runner = None
-            for t in range(idx.shape[1]):
-                xb = x_all[idx[:, t]]
-                if transform is not None:  # each client's augmentation from its own stream
-                    xb = torch.stack([transform(xb[i], g) for i, g in enumerate(generators)])
-                yb = y_all[idx[:, t]].masked_fill(~valid[:, t], IGNORE_LABEL)
-                train = {n: v for n, v in stacked.items() if n in trainable}
-                frozen = {n: v for n, v in stacked.items() if n not in trainable}
-                if static:
-                    if runner is None:
-                        runner = StaticStep(
-                            step_fn, spec, train, frozen, buffers, batched_attrs, capture
-                        )
-                    loss, logged = runner(xb, yb, active[:, t], global_step + t)
-                    loss_sum += torch.where(active[:, t], loss, 0.0)
-                    if logged:
-                        fold_logged(log_sums, log_counts, logged, active[:, t], False)
-                    continue
-                grads, (loss, logged) = step_fn(
-                    train, frozen, buffers, batched_attrs, xb, yb, global_step + t
-                )
-                if everyone[t]:
-                    optim.step(train, grads, None)
-                    loss_sum += loss.detach()
-                else:
-                    optim.step(train, grads, active[:, t])
-                    loss_sum += torch.where(active[:, t], loss.detach(), 0.0)
-                if logged:
-                    fold_logged(log_sums, log_counts, logged, active[:, t], everyone[t])
-                stacked.update(train)
-            if runner is not None:
-                stacked.update(runner.train)
-            global_step += idx.shape[1]
+            stacked_phase(
+                step, spec, phase_params, stacked, data, phase, global_step, totals, static, capture
+            )
+            global_step += phase[0].shape[1]
     finally:
         module.generator = generator_backup
-    return stacked, loss_sum, log_sums, log_counts
+    return stacked, *totals
+
+
+def stacked_phase(step, spec, phase_params, stacked, data, phase, first, totals, static, capture):
+    """One phase's steps, `stacked` updated with the trained parameters and each client's loss
+    and logged values of its own steps added to `totals` ([num] each). `step`: the vmapped step,
+    the buffers, the batched attributes; `data`: x_all, y_all, transform, generators."""
+    step_fn, buffers, attrs = step
+    x_all, y_all, transform, generators = data
+    idx, valid, active, everyone = phase
+    loss_sum, log_sums, log_counts = totals
+    trainable = set(phase_params)
+    optim = FunctionalOptimizer(spec)
+    runner = None
+    for t in range(idx.shape[1]):
+        xb = x_all[idx[:, t]]
+        if transform is not None:  # each client's augmentation from its own stream
+            xb = torch.stack([transform(xb[i], g) for i, g in enumerate(generators)])
+        yb = y_all[idx[:, t]].masked_fill(~valid[:, t], IGNORE_LABEL)
+        train = {n: v for n, v in stacked.items() if n in trainable}
+        frozen = {n: v for n, v in stacked.items() if n not in trainable}
+        if static:
+            if runner is None:
+                runner = StaticStep(step_fn, spec, train, frozen, buffers, attrs, capture)
+            loss, logged = runner(xb, yb, active[:, t], first + t)
+            loss_sum += torch.where(active[:, t], loss, 0.0)
+            if logged:
+                fold_logged(log_sums, log_counts, logged, active[:, t], False)
+            continue
+        grads, (loss, logged) = step_fn(train, frozen, buffers, attrs, xb, yb, first + t)
+        if everyone[t]:
+            optim.step(train, grads, None)
+            loss_sum += loss.detach()
+        else:
+            optim.step(train, grads, active[:, t])
+            loss_sum += torch.where(active[:, t], loss.detach(), 0.0)
+        if logged:
+            fold_logged(log_sums, log_counts, logged, active[:, t], everyone[t])
+        stacked.update(train)
+    if runner is not None:
+        stacked.update(runner.train)
 
 
 def train_looped(
@@ -294,18 +301,15 @@ def train_looped(
     optimizer updating the parameters in place) and written back; then client i + 1. What it
     returns is laid out as the `vmap` form's."""
     num = next(iter(stacked.values())).shape[0]
-    device = x_all.device
     start, stacked = stacked, {n: torch.empty_like(t) for n, t in stacked.items()}
     own = dict(module.named_parameters())
     own_buffers = dict(module.named_buffers())
-    loss_sum = torch.zeros(num, device=device)
-    log_sums: dict[str, torch.Tensor] = {}
-    log_counts: dict[str, torch.Tensor] = {}
+    totals = (torch.zeros(num, device=x_all.device), {}, {})
     host = [(i.cpu().numpy(), v.cpu().numpy(), a.cpu().numpy()) for i, v, a, _ in schedules]
-    capture = module.log_capture
     generator_backup = module.generator
     module.generator = None  # as in the vmap form: randomness comes from the global RNG
     requires = {n: p.requires_grad for n, p in own.items()}
+    data = (x_all, y_all, transform, generators)
     vars(module).update(shared_attrs)
     try:
         for i in range(num):
@@ -316,31 +320,9 @@ def train_looped(
                 for n, b in own_buffers.items():
                     b.copy_(buffers[n][i])
             global_step = 0
-            for (name, phase_params, spec), (idx, valid, active) in zip(plans, host):
-                module.current_phase = name
-                for n, p in own.items():
-                    p.requires_grad_(n in phase_params)
-                params = {n: own[n] for n in phase_params}
-                optim = FunctionalOptimizer(spec)
-                for t in np.flatnonzero(active[i]):
-                    rows = torch.as_tensor(idx[i, t][valid[i, t]], device=device)
-                    xb, yb = x_all[rows], y_all[rows]
-                    if transform is not None:
-                        xb = transform(xb, generators[i])
-                    capture.take_step()
-                    loss = module.training_step((xb, yb), global_step + int(t))
-                    logged = capture.take_step()
-                    grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
-                    grads = {n: g for n, g in zip(params, grads) if g is not None}
-                    optim.step(dict(params), grads, None, in_place=True)
-                    loss_sum[i] += loss.detach()
-                    for key, value in logged.items():
-                        if key not in log_sums:
-                            log_sums[key] = torch.zeros(num, device=device)
-                            log_counts[key] = torch.zeros(num, dtype=torch.long, device=device)
-                        log_sums[key][i] += value.detach().float()
-                        log_counts[key][i] += 1
-                global_step += idx.shape[1]
+            for plan, phase in zip(plans, host):
+                looped_phase(module, own, plan, data, phase, global_step, i, totals)
+                global_step += phase[0].shape[1]
             with torch.no_grad():  # the trained row (the start's rows are left as they were)
                 for n, t in stacked.items():
                     t[i] = own[n]
@@ -348,7 +330,41 @@ def train_looped(
         module.generator = generator_backup
         for n, p in own.items():
             p.requires_grad_(requires[n])
-    return stacked, loss_sum, log_sums, log_counts
+    return stacked, *totals
+
+
+def looped_phase(module: ClientModule, own, plan, data, phase, first: int, i: int, totals):
+    """Client i's steps of the phase `plan` in the module, updating its parameters `own` in place
+    and row i of `totals` (`data`: as `stacked_phase`'s; `phase`: the schedule, on the host)."""
+    name, phase_params, spec = plan
+    module.current_phase = name
+    for n, p in own.items():
+        p.requires_grad_(n in phase_params)
+    params = {n: own[n] for n in phase_params}
+    optim = FunctionalOptimizer(spec)
+    x_all, y_all, transform, generators = data
+    idx, valid, active = phase
+    loss_sum, log_sums, log_counts = totals
+    capture = module.log_capture
+    for t in np.flatnonzero(active[i]):
+        rows = torch.as_tensor(idx[i, t][valid[i, t]], device=x_all.device)
+        xb, yb = x_all[rows], y_all[rows]
+        if transform is not None:
+            xb = transform(xb, generators[i])
+        capture.take_step()
+        loss = module.training_step((xb, yb), first + int(t))
+        logged = capture.take_step()
+        grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
+        grads = {n: g for n, g in zip(params, grads) if g is not None}
+        optim.step(dict(params), grads, None, in_place=True)
+        loss_sum[i] += loss.detach()
+        for key, value in logged.items():
+            if key not in log_sums:
+                num, device = len(loss_sum), loss_sum.device
+                log_sums[key] = torch.zeros(num, device=device)
+                log_counts[key] = torch.zeros(num, dtype=torch.long, device=device)
+            log_sums[key][i] += value.detach().float()
+            log_counts[key][i] += 1
 
 
 def fold_logged(sums: dict, counts: dict, logged: dict, active: torch.Tensor, everyone: bool):
