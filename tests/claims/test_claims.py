@@ -475,3 +475,18 @@ def test_an_attack_option_applies_to_the_attacked_settings_alone():
     claims, settings = tier("paper")
     assert overrides_for(settings["frl-clean"], extra) == ("rounds=5",)
     assert overrides_for(settings["frl-rr20"], extra) == extra
+
+
+def test_reused_runs_are_timed_by_their_summaries_where_they_say():
+    from fedexp.claims.heading import own_seconds
+    from fedexp.claims.runner import RunRecord
+    from fedexp.core.summary import Timing
+
+    timed = RunSummary("completed", timing=Timing(12.5, 1.0))
+    untimed = RunSummary("completed")  # an older summary without its timing
+    records = [
+        RunRecord("a", 0, "d", "completed", 0.0, True, timed),
+        RunRecord("a", 1, "d", "completed", 0.0, True, untimed),
+        RunRecord("a", 2, "d", "completed", 40.0, False, timed),  # made by this check
+    ]
+    assert own_seconds(records) == [12.5]

@@ -25,6 +25,12 @@ def commit() -> str:
     return out.stdout.strip() or "unknown"
 
 
+def own_seconds(records) -> list[float]:
+    """The run time each reused record's summary gives (runs whose summary has none left out)."""
+    times = [getattr(r.summary.timing, "wall_time_s", None) for r in records if r.reused]
+    return [t for t in times if isinstance(t, (int, float))]
+
+
 def timing_line(results: dict[str, SettingResult]) -> str:
     """Mean seconds per run of each setting: of the runs this check made (CLI start-up
     included), else of the reused runs (their summaries' own time, `reused` beside it)."""
@@ -32,8 +38,7 @@ def timing_line(results: dict[str, SettingResult]) -> str:
     for sid, result in results.items():
         done = [r for r in result.runs.values() if r.status == "completed"]
         fresh = [r.run_s for r in done if not r.reused]
-        own = [r.summary.timing.wall_time_s for r in done if r.reused and r.summary]
-        own = [s for s in own if isinstance(s, (int, float))]
+        own = own_seconds(done)
         if fresh:
             parts.append(f"{sid} {sum(fresh) / len(fresh):.0f} s")
         elif own:
@@ -82,8 +87,7 @@ def header(argv, args, seeds, results: dict[str, SettingResult], wall: float) ->
         else "no runs made"
     )
     if reused:
-        own = [r.summary.timing.wall_time_s for r in records if r.reused and r.summary]
-        own = [s for s in own if isinstance(s, (int, float))]
+        own = own_seconds(records)
         ran += f"; {reused} runs reused from an earlier check"
         ran += (
             f" (their own time, from their summaries: {duration(sum(own))} of run time,"
