@@ -351,7 +351,7 @@ def test_vary_runs_the_claim_once_per_value_and_tabulates_each_verdict(tmp_path,
     seen = []
 
     class FakeRunner:
-        def __init__(self, out, seeds, labels, overrides, jobs):
+        def __init__(self, out, seeds, labels, overrides, jobs, attacked=None):
             self.seeds, self.n = seeds, int(overrides[-1].split("=")[1])
             seen.append(list(overrides))
 
@@ -462,19 +462,23 @@ def test_a_measurement_row_is_tabulated_term_by_term():
 def test_an_attack_option_applies_to_the_attacked_settings_alone():
     from fedexp.claims.claim import Setting
     from fedexp.claims.runner import overrides_for
+    from fedexp.claims.settings_text import attacked_settings
 
-    clean = Setting("c", ("experiment=frl_digits",), 1)
-    attacked = Setting("a", ("experiment=frl_digits", "attack=rank_reversal"), 1)
-    none = Setting("n", ("experiment=frl_digits", "attack=none"), 1)
+    settings = [
+        Setting("clean", ("experiment=frl_digits",), 1),
+        Setting("named", ("experiment=frl_digits", "attack=rank_reversal"), 1),
+        Setting("none", ("experiment=frl_digits", "attack=none"), 1),
+        # attacked by its preset, with no attack= override of its own
+        Setting("preset", ("experiment=frl_digits_attack20",), 1),
+    ]
     extra = ("attack.fraction=0.1", "rounds=5")
-    assert overrides_for(attacked, extra) == extra
+    # read from the composed configs, not the overrides' text
+    assert attacked_settings(settings, extra) == {"named", "preset"}
+    assert attacked_settings(settings, ("rounds=5",)) is None  # no attack option: all take all
+    assert overrides_for(extra, attacked=True) == extra
     # a clean run has no attack whose fraction could be set: it runs as its tier has it
-    assert overrides_for(clean, extra) == ("rounds=5",)
-    assert overrides_for(none, extra) == ("rounds=5",)
-    # the paper tier's FRL settings: clean ones keep their overrides under --vary attack.*
-    claims, settings = tier("paper")
-    assert overrides_for(settings["frl-clean"], extra) == ("rounds=5",)
-    assert overrides_for(settings["frl-rr20"], extra) == extra
+    assert overrides_for(extra, attacked=False) == ("rounds=5",)
+    assert overrides_for(("+attack.x=1", "~attack.y"), attacked=False) == ()
 
 
 def test_reused_runs_are_timed_by_their_summaries_where_they_say():

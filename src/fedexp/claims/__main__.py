@@ -16,6 +16,7 @@ from fedexp.claims.heading import header, timing_line, vary_markdown
 from fedexp.claims.protocol_diff import differences_markdown
 from fedexp.claims.runner import Runner, SettingResult
 from fedexp.claims.settings_text import (
+    attacked_settings,
     check_composes,
     claim_setting_text,
     common_text,
@@ -229,7 +230,9 @@ def check(argv, args, claims, known, users, out: Path) -> int:
     labels = {sid: ",".join(ids) for sid, ids in users.items()}
     start = time.perf_counter()
     try:
-        results = Runner(out, seeds, labels, args.override, args.jobs).run_all(settings)
+        attacked = attacked_settings(settings, args.override)
+        runner = Runner(out, seeds, labels, args.override, args.jobs, attacked=attacked)
+        results = runner.run_all(settings)
     except KeyboardInterrupt:
         print(
             f"fedexp.claims: stopped; completed runs are reused with --out {out}", file=sys.stderr

@@ -8,7 +8,7 @@ import subprocess
 from datetime import datetime
 from pathlib import Path
 
-from fedexp.claims.runner import SettingResult
+from fedexp.claims.runner import SettingResult, attack_option
 
 
 def commit() -> str:
@@ -75,7 +75,7 @@ def header(argv, args, seeds, results: dict[str, SettingResult], wall: float) ->
     runs this check made (their own seconds summed, and the wall time of the check), the
     runs reused from an earlier check counted apart."""
     extra = f"; every run with `{' '.join(args.override)}`" if args.override else ""
-    if any(o.lstrip("+~").startswith("attack.") for o in args.override):
+    if any(attack_option(o) for o in args.override):
         extra += " (an `attack.*` option: the attacked settings alone)"
     records = [r for res in results.values() for r in res.runs.values()]
     fresh = [r for r in records if not r.reused]

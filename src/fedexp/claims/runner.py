@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,18 +67,16 @@ def command(setting: Setting, seeds: list[int], sweep_dir: Path, extra: tuple[st
     ]
 
 
-def attacked(setting: Setting) -> bool:
-    """Whether the setting runs an attack (an `attack=` override other than `none`)."""
-    return any(o.startswith("attack=") and o != "attack=none" for o in setting.overrides)
+def attack_option(override: str) -> bool:
+    """Whether an override sets an attack's option (`attack.fraction=0.1`, `+attack.x=1`)."""
+    return override.lstrip("+~").startswith("attack.")
 
 
-def overrides_for(setting: Setting, extra: tuple[str, ...]) -> tuple[str, ...]:
-    """The overrides of `extra` that apply to `setting`: an attack's option (`attack.*`) applies
-    to the attacked settings alone; a clean run has no attack to set (the CLI refuses
-    `attack.fraction` without one), so it runs as its tier has it."""
-    if attacked(setting):
-        return tuple(extra)
-    return tuple(o for o in extra if not o.lstrip("+~").startswith("attack."))
+def overrides_for(extra: Sequence[str], attacked: bool) -> tuple[str, ...]:
+    """The overrides of `extra` that apply to a setting: an attack's option applies to an
+    attacked setting alone; a clean run has no attack to set (the CLI refuses `attack.fraction`
+    without one), so it runs as its tier has it."""
+    return tuple(o for o in extra if attacked or not attack_option(o))
 
 
 def seed_dirs(sweep: Path, seed: int) -> list[Path]:
@@ -109,9 +108,12 @@ class Runner:
         jobs: settings run at the same time (one subprocess each).
     """
 
-    def __init__(self, out: Path, seeds, labels, extra=(), jobs: int = 1, stream=None):
+    def __init__(
+        self, out: Path, seeds, labels, extra=(), jobs: int = 1, stream=None, attacked=None
+    ):
         self.out, self.seeds, self.labels = out, list(seeds), labels
         self.extra, self.jobs = tuple(extra), jobs
+        self.attacked = attacked  # ids of the settings that run an attack (None: not asked)
         self.stream = stream or sys.stdout
         self.total, self.done, self.start = 0, 0, time.perf_counter()
         self.lock = threading.Lock()
@@ -150,7 +152,7 @@ class Runner:
 
     def run_setting(self, setting: Setting) -> SettingResult:
         sweep = self.out / "runs" / setting.id
-        extra = overrides_for(setting, self.extra)
+        extra = overrides_for(self.extra, self.attacked is None or setting.id in self.attacked)
         spec = {"overrides": [*setting.overrides, *extra, *FIXED]}
         spec_path = sweep / "setting.json"
         same = spec_path.exists() and json.loads(spec_path.read_text()) == spec

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fedexp.claims.claim import Claim, Setting, settings_of
-from fedexp.claims.runner import overrides_for
+from fedexp.claims.runner import attack_option, overrides_for
 from fedexp.config.build import find_conf
 from fedexp.core.summary import RunSummary
 from fedexp.core.types import ConfigError
@@ -117,13 +117,23 @@ def composed(setting: Setting, extra: Sequence[str] = ()) -> dict[str, Any]:
     return run_config(resolved, choices)
 
 
+def attacked_settings(settings: Sequence[Setting], extra: Sequence[str]) -> frozenset | None:
+    """The ids of the settings whose composed config runs an attack (an `attack=` override or
+    a preset's), where `extra` sets an attack's option; None where it sets none (every override
+    then applies to every setting)."""
+    if not any(attack_option(o) for o in extra):
+        return None
+    return frozenset(s.id for s in settings if composed(s).get("attack", "none") != "none")
+
+
 def check_composes(settings: Sequence[Setting], extra: Sequence[str] = ()) -> None:
     """Raise ConfigError naming the first setting whose overrides (with `extra`, the command's
     `--override`s) do not compose: an option a preset selects that does not exist for the
     method, a misspelt key."""
+    attacked = attacked_settings(settings, extra)
     for setting in settings:
         try:
-            composed(setting, overrides_for(setting, tuple(extra)))
+            composed(setting, overrides_for(extra, attacked is None or setting.id in attacked))
         except Exception as err:  # Hydra's errors have no common base but Exception
             lines = str(err).strip().splitlines() or [type(err).__name__]
             raise ConfigError(f"setting {setting.id}: does not compose: {lines[0]}") from None
