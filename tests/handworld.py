@@ -8,7 +8,9 @@ from torch import nn
 
 from fedexp.aggregators.mean import weighted_mean
 from fedexp.core.algorithm import BuildContext
+from fedexp.core.client_loop import load_start, module_rows, training_facts
 from fedexp.core.client_store import ClientStore
+from fedexp.core.cohort import unstack
 from fedexp.core.local import ClientConfig, LocalTraining
 from fedexp.core.types import RoundContext
 from fedexp.data.datasets import Dataset
@@ -36,8 +38,34 @@ def bn_mlp(input_shape=(2,), num_classes=2):
     return BodyHead(body, nn.Linear(3, 2))
 
 
-# what `client_end` is told when a test calls it without local training
+# what `end` is told when a test calls it without local training
 UNTRAINED = LocalTraining(steps=0, samples=0, mean_loss=torch.zeros(()))
+
+
+def begin_one(algorithm, client_id, payload, stats=None):
+    """`algorithm.begin` for a cohort of one, loaded into the client's module (as the
+    sequential executor does before training); returns the module."""
+    module = algorithm.client_module(client_id)
+    load_start(module, algorithm.begin(module, [client_id], [payload], stats))
+    return module
+
+
+def end_one(algorithm, module, client_id, payload, training=UNTRAINED, data=None):
+    """`algorithm.end` for a cohort of one, from the module as it stands; the client's upload
+    (unstacked). `training`: a `LocalTraining` (none taken by default); `data`: the client's
+    training (x, y) that `end` is told of (its local data by default)."""
+    if data is None:
+        data = (
+            module.local_data if module.local_data is not None else (torch.zeros(0), torch.zeros(0))
+        )
+    facts = training_facts(client_id, training, *data)
+    return unstack(algorithm.end(module, [payload], module_rows(module), facts), 0)
+
+
+def one_client(algorithm, client_id, payload, training=UNTRAINED, stats=None):
+    """`begin_one` then `end_one` without training: the client's upload."""
+    module = begin_one(algorithm, client_id, payload, stats)
+    return end_one(algorithm, module, client_id, payload, training)
 
 
 def client_cfg(**kw):
@@ -117,8 +145,9 @@ def one_round(
     state = algo.init_state() if state is None else state
     data = algo.ctx.data if data is None else data
     ctx = RoundContext(round_idx, tuple(ids), seed)
+    stats = algo.broadcast_stats(state)  # beside the payloads, as the round loop sends them
     payloads = algo.configure_round(state, ctx)
-    results = (executor or SequentialExecutor()).run(algo, payloads, ctx, data)
+    results = (executor or SequentialExecutor()).run(algo, payloads, ctx, data, stats)
     if not aggregate:
         return payloads, results, None, None
     new_state, metrics = algo.aggregate(state, results, ctx)

@@ -120,6 +120,7 @@ SIGNS = Rule(
     key=lambda delta: delta,
     pin=lambda key, ref: ref.clone(),
     admits=_signs_admit,
+    batched=True,  # `end` takes the signs of the cohort's deltas [C, d] at once
 )
 RANKING = Rule(
     frl,
@@ -153,25 +154,21 @@ class Choice:
 
 
 def watch_clients(monkeypatch, owner: type) -> list:
-    """[(client, its number of earlier client hooks)] of the running `client_end`, or of the
-    running `cohort_end`'s rows; the list is empty outside them."""
+    """[(client, its number of earlier `end` calls)] of the running `end`'s rows; the list is
+    empty outside it. An unbatched rule's calls inside it go to its rows in order."""
     running, visits = [], collections.Counter()
+    end = owner.end
 
-    def watched(hook, clients):
-        def call(self, *args):
-            running[:] = [(c, visits[c]) for c in clients(args)]
-            visits.update(clients(args))
-            try:
-                return hook(self, *args)
-            finally:
-                running.clear()
+    def call(self, module, payloads, params, training):
+        clients = list(training.client_ids)
+        running[:] = [(c, visits[c]) for c in clients]
+        visits.update(clients)
+        try:
+            return end(self, module, payloads, params, training)
+        finally:
+            running.clear()
 
-        return call
-
-    monkeypatch.setattr(owner, "client_end", watched(owner.client_end, lambda a: [a[1]]))
-    monkeypatch.setattr(
-        owner, "cohort_end", watched(owner.cohort_end, lambda a: list(a[3].client_ids))
-    )
+    monkeypatch.setattr(owner, "end", call)
     return running
 
 
@@ -186,6 +183,7 @@ def watch_choices(monkeypatch, name: str, reference: dict | None = None) -> dict
         return records
     running = watch_clients(monkeypatch, owner)
     calls = collections.Counter()
+    rows = collections.Counter()  # unbatched calls so far in an `end`, by its first row
 
     def watched(rule: Rule, function):
         def call(*args):
@@ -193,10 +191,13 @@ def watch_choices(monkeypatch, name: str, reference: dict | None = None) -> dict
             if not running:  # the server's own use (e.g. its first ranking)
                 return out
             keys, owns = rule.key(*args), out
-            if not rule.batched:
+            clients = running
+            if not rule.batched:  # the k-th call of an `end` is its k-th row's
                 keys, owns = [keys], [out]
+                clients = [running[rows[running[0]] % len(running)]]
+                rows[running[0]] += 1
             sent = []
-            for client, key, own in zip(running, keys, owns):
+            for client, key, own in zip(clients, keys, owns):
                 at = (*client, calls[client])
                 calls[client] += 1
                 ref = None if reference is None else reference[at].sent

@@ -14,6 +14,7 @@ from fedexp.aggregators.multikrum import krum_select, multikrum
 from fedexp.aggregators.rank_vote import rank_vote, reputations
 from fedexp.aggregators.sign_vote import sign_vote
 from fedexp.aggregators.trimmed_mean import trimmed_mean
+from fedexp.core.cohort import RoundResults
 from fedexp.core.types import ClientResult, ConfigError, Weights, malicious_count
 from fedexp.engine.aggregation import check_aggregator
 
@@ -86,7 +87,7 @@ def test_malicious_count_reads_the_attack_flags():
         ClientResult(0, 5, Weights(torch.zeros(1)), 0.0, 1, malicious=True),
         ClientResult(1, 5, Weights(torch.zeros(1)), 0.0, 1),
     ]
-    assert malicious_count(results) == 1
+    assert malicious_count(results) == 1 == malicious_count(RoundResults.of(results))
 
 
 class _Uploads:

@@ -13,7 +13,7 @@ from fedexp.algorithms.signsgd import SignSGD
 from fedexp.algorithms.topk import TopK
 from fedexp.core.types import Ranking, RoundContext, Signs, SparseDelta
 from fedexp.metrics.comm import index_bits, permutation_bits
-from handworld import UNTRAINED, mlp_ctx
+from handworld import mlp_ctx, one_client
 
 FedAvg = with_yaml(FedAvg, "algorithm", "fedavg")
 SignSGD = with_yaml(SignSGD, "algorithm", "signsgd")
@@ -27,9 +27,7 @@ def one_exchange(algorithm) -> tuple[int, int]:
     """(down bits, up bits) of one client's round, without training."""
     state = algorithm.init_state()
     payload = algorithm.configure_round(state, RoundContext(1, (0,), 0))[0]
-    module = algorithm.client_module(0)
-    algorithm.client_begin(module, 0, payload)
-    return payload.num_bits(), algorithm.client_end(module, 0, payload, UNTRAINED).num_bits()
+    return payload.num_bits(), one_client(algorithm, 0, payload).num_bits()
 
 
 def test_index_and_permutation_bits():

@@ -12,6 +12,7 @@ from conftest import run_dirs
 from fedexp.aggregators.median import median
 from fedexp.algorithms.dp_fedavg import DP_NOISE_STREAM, DPFedAvg, clip_rows
 from fedexp.algorithms.fedavg import FedAvg
+from fedexp.core.cohort import RoundResults
 from fedexp.core.seeding import derive_seed
 from fedexp.core.types import ClientResult, ConfigError, RoundContext, ServerState, Weights
 from handworld import make_ctx, one_round, small_mlp
@@ -27,10 +28,12 @@ def stub_data(sizes):
 
 def results_of(*rows, sizes=None):
     sizes = sizes or [1] * len(rows)
-    return [
-        ClientResult(i, n, Weights(torch.tensor(row)), 0.0, 1)
-        for i, (row, n) in enumerate(zip(rows, sizes))
-    ]
+    return RoundResults.of(
+        [
+            ClientResult(i, n, Weights(torch.tensor(row)), 0.0, 1)
+            for i, (row, n) in enumerate(zip(rows, sizes))
+        ]
+    )
 
 
 def test_no_noise_no_clip_uniform_is_fedavg_bit_for_bit(two_clients):

@@ -4,9 +4,10 @@ from components import with_yaml
 from fedexp.algorithms.fedavg import FedAvg
 from fedexp.algorithms.fedprox import FedProx
 from fedexp.algorithms.fedrep import FedRep
+from fedexp.core.cohort import RoundResults
 from fedexp.core.flat import flat_params
 from fedexp.core.types import ClientResult, RoundContext, ServerState, Weights
-from handworld import make_ctx, one_round, small_mlp
+from handworld import begin_one, make_ctx, one_round, small_mlp
 
 FedAvg = with_yaml(FedAvg, "algorithm", "fedavg")
 FedProx = with_yaml(FedProx, "algorithm", "fedprox")
@@ -16,10 +17,12 @@ FedRep = with_yaml(FedRep, "algorithm", "fedrep")
 def test_fedavg_aggregate_on_hand_numbers(two_clients):
     algo = FedAvg(make_ctx(two_clients))
     state = ServerState(params=torch.tensor([1.0, 2.0]))
-    results = [
-        ClientResult(0, 1, Weights(torch.tensor([1.0, 0.0])), 0.0, 1),
-        ClientResult(1, 3, Weights(torch.tensor([3.0, 2.0])), 0.0, 1),
-    ]
+    results = RoundResults.of(
+        [
+            ClientResult(0, 1, Weights(torch.tensor([1.0, 0.0])), 0.0, 1),
+            ClientResult(1, 3, Weights(torch.tensor([3.0, 2.0])), 0.0, 1),
+        ]
+    )
     ctx = RoundContext(1, (0, 1), 0)
     new, _ = algo.aggregate(state, results, ctx)
     assert torch.equal(new.params, torch.tensor([3.5, 3.5]))  # w + (1*[1,0] + 3*[3,2]) / 4
@@ -56,7 +59,7 @@ def test_fedprox_gradient_includes_mu_times_distance(two_clients):
     algo = FedProx(make_ctx(two_clients, factory=small_mlp), mu=mu)
     state = algo.init_state()
     module = algo.client_module(0)
-    algo.client_begin(module, 0, Weights(state.params))
+    begin_one(algo, 0, Weights(state.params))
     shift = 0.3
     with torch.no_grad():
         for p in module.model.parameters():

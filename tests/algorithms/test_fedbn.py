@@ -13,7 +13,7 @@ from fedexp.data.datasets import Dataset
 from fedexp.data.federated import FederatedData
 from fedexp.data.partition import Partition
 from fedexp.engine.executors.vectorized import VectorizedExecutor
-from handworld import bn_mlp, make_ctx, one_round, small_mlp
+from handworld import begin_one, bn_mlp, make_ctx, one_round, small_mlp
 
 FedAvg = with_yaml(FedAvg, "algorithm", "fedavg")
 FedBN = with_yaml(FedBN, "algorithm", "fedbn")
@@ -67,7 +67,7 @@ def test_the_next_round_starts_from_the_clients_own_bn_state():
     algo = FedBN(make_ctx(data, factory=bn_mlp, batch_size=2))
     _, _, new, _ = one_round(algo, data)
     module = algo.client_module(0)
-    algo.client_begin(module, 0, algo.configure_round(new, RoundContext(2, (0,), 0))[0])
+    begin_one(algo, 0, algo.configure_round(new, RoundContext(2, (0,), 0))[0])
     assert torch.equal(bn_layers(module.model)[0].running_mean, algo.store.get(0)[2])
 
 

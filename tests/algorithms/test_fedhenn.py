@@ -24,6 +24,7 @@ from fedexp.algorithms.fedhenn_alignment import (
 from fedexp.core.client import ClientModule
 from fedexp.core.client_loop import train_local
 from fedexp.core.client_store import ClientStore
+from fedexp.core.cohort import CohortTraining, unstack
 from fedexp.core.flat import flat_params
 from fedexp.core.seeding import (
     CLIENT,
@@ -39,6 +40,7 @@ from fedexp.loggers.base import Logger
 from fedexp.metrics.cka import linear_kernel
 from fedexp.models.family import cnn_family
 from fedexp.models.mlp import mlp
+from fedexp.models.running_stats import state_of_rows
 from fedexp.run import Experiment
 from handworld import client_cfg
 
@@ -201,6 +203,47 @@ def local_training_replica(exp: Experiment, client_id: int) -> torch.Tensor:
             generator = client_generator(cfg.seed, t, client_id)
             train_local(module, x, y, cfg.client.batch_size, generator)
     return flat_params(list(model.parameters()))
+
+
+@pytest.mark.experiment
+@pytest.mark.parametrize(
+    "overrides",
+    [("algorithm=fedhenn",), (*HETERO, "algorithm.upload=representations")],
+    ids=["homo", "hetero"],
+)
+def test_begin_is_a_value_and_end_stores_and_uploads_a_cohort_stacked(tmp_path, overrides):
+    exp = experiment(tmp_path, *overrides, "algorithm.eta0=1")
+    algorithm, state = exp.algorithm, exp.algorithm.init_state()
+    archs = getattr(algorithm, "archs", [0] * exp.cfg.num_clients)
+    ids = [c for c in range(len(archs)) if archs[c] == archs[0]][:2]  # one module's cohort
+    payloads = list(algorithm.configure_round(state, RoundContext(2, tuple(ids), 0)).values())
+    module = algorithm.client_module(ids[0])
+    held = [t.detach().clone() for t in [*module.parameters(), *module.buffers()]]
+    rng = torch.get_rng_state()
+    start = algorithm.begin(module, ids, payloads, algorithm.broadcast_stats(state))
+    assert torch.equal(torch.get_rng_state(), rng)  # a value: nothing drawn, nothing written
+    assert all(torch.equal(a, b) for a, b in zip(held, [*module.parameters(), *module.buffers()]))
+    names = dict([*module.named_parameters(), *module.named_buffers()])
+    assert start.params.keys() == names.keys() and set(start.shared) == {"eta", "rad", "target"}
+    assert all(start.params[n].shape == (2, *t.shape) for n, t in names.items())
+    g = torch.Generator().manual_seed(0)
+    trained = {n: t + 0.01 * torch.randn(t.shape, generator=g) for n, t in start.params.items()}
+    trained.update({n: start.params[n] for n, _ in module.named_buffers()})
+    data = [exp.data.train(c) for c in ids]
+    facts = CohortTraining(ids, [len(y) for _, y in data], [1, 1], torch.zeros(2), (0.1,), data)
+    upload = algorithm.end(module, payloads, trained, facts)
+    assert all(torch.equal(a, b) for a, b in zip(held, [*module.parameters(), *module.buffers()]))
+    assert upload.values.shape[0] == 2 and upload.measured.values.shape == (2, 4)
+    if payloads[0].weights is not None:  # homogeneous: `model_state` of the trained model
+        rows = state_of_rows(module.model, trained, "model.")
+    else:  # heterogeneous: the flat weights
+        rows = torch.cat([trained[n].flatten(1) for n, _ in module.named_parameters()], 1)
+    for i, c in enumerate(ids):
+        assert torch.equal(algorithm.store.get(c), rows[i])
+        measured = unstack(upload, i).measured.values
+        torch.testing.assert_close(
+            measured, upload.measured.values[i], rtol=0, atol=0, equal_nan=True
+        )
 
 
 @pytest.mark.experiment

@@ -18,14 +18,18 @@ from fedexp.algorithms.fedhenn_alignment import (
     AlignPayload,
     ClientWeights,
     Rad,
+    alignment_start,
 )
-from fedexp.algorithms.fedhenn_measures import AlignmentMeter
+from fedexp.algorithms.fedhenn_measures import MEASURE_STREAM, AlignmentMeter
 from fedexp.core.callbacks import RoundFunction
-from fedexp.core.flat import flat_params, load_flat
+from fedexp.core.client_loop import module_rows, training_facts
+from fedexp.core.cohort import CohortTraining
+from fedexp.core.flat import flat_params, load_flat, named_views
+from fedexp.core.seeding import derive_seed
 from fedexp.core.types import ConfigError, RoundContext
 from fedexp.metrics.cka import linear_cka, linear_kernel
 from fedexp.models.mlp import BodyHead
-from handworld import client_cfg
+from handworld import UNTRAINED, client_cfg
 
 HETERO = ("algorithm=fedhenn", "algorithm.variant=heterogeneous", "model=cnn_family")
 NAMES = (
@@ -75,11 +79,15 @@ def module_with_data(model: nn.Module, **changes) -> AlignModule:
 
 
 def measure(module: AlignModule, payload: AlignPayload, client: int = 0) -> list[float]:
-    """[d first, d last, ratio first, ratio last] of one client measured twice in a row."""
+    """[d first, d last, ratio first, ratio last] of one client that started from the model it
+    holds and trained nothing (a cohort of one, as `end` measures it)."""
     meter = AlignmentMeter(0, torch.device("cpu"))
     module.set_alignment(payload.eta, payload.rad, payload.target)
-    meter.begin(module, client, payload)
-    return meter.end(module, client, payload).values.tolist()
+    facts = training_facts(client, UNTRAINED, *module.local_data)
+    params = list(module.model.parameters())
+    start = (params, flat_params(params))
+    (values,) = meter.end(module, [payload], module_rows(module), facts, start).values
+    return values.tolist()
 
 
 def test_distance_by_hand_and_zero_for_identical_representations():
@@ -139,6 +147,56 @@ def test_measuring_leaves_the_model_rng_flags_and_log_capture_as_they_were():
     assert not frozen.requires_grad and all(p.grad is None for p in model.parameters())
     assert set(module.log_capture.take_step()) == {"mine"}
     assert measure(module, payload) == values  # dropout drawn from (seed, round, client)
+
+
+def test_a_cohort_is_measured_client_by_client_from_its_start_and_the_module_kept():
+    torch.manual_seed(0)
+    model = BodyHead(nn.Sequential(nn.Linear(2, 4), nn.Tanh(), nn.Dropout(0.3)), nn.Linear(4, 3))
+    module = module_with_data(model)
+    payload = AlignPayload(0.5, rad=Rad(A, 0), target=B, round_idx=2)
+    module.set_alignment(payload.eta, payload.rad, payload.target)
+    params = list(model.parameters())
+    held = flat_params(params)
+    g = torch.Generator().manual_seed(1)
+    trained, starts = (held + 0.3 * torch.randn(2, len(held), generator=g) for _ in range(2))
+    data = [module.local_data, (torch.randn(4, 2, generator=g), torch.tensor([0, 1, 2, 0]))]
+    facts = CohortTraining([3, 5], [3, 4], [1, 1], torch.zeros(2), (0.1,), data)
+    meter = AlignmentMeter(0, torch.device("cpu"))
+    stacked = named_views(trained, module, params)
+    rng = torch.get_rng_state()
+    both = meter.end(module, [payload] * 2, stacked, facts, (params, starts)).values
+    assert torch.equal(flat_params(params), held)  # the module as it was
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert both.shape == (2, 4) and bool(torch.isfinite(both).all())
+    for i, cid in enumerate((3, 5)):
+        # the same client alone (the sequential executor: its trained row in the module)
+        load_flat(params, trained[i])
+        one = CohortTraining([cid], [len(data[i][1])], [1], torch.zeros(1), (0.1,), [data[i]])
+        alone = meter.end(module, [payload], module_rows(module), one, (params, starts[i]))
+        assert torch.equal(alone.values[0], both[i])
+        assert torch.equal(flat_params(params), trained[i])  # its trained row kept
+        # `first` is the distance at its start, `last` at its trained weights (training mode)
+        for value, weights, which in ((both[i, 0], starts[i], 0), (both[i, 1], trained[i], 1)):
+            load_flat(params, weights)
+            with torch.random.fork_rng(), torch.no_grad():
+                torch.manual_seed(derive_seed(0, MEASURE_STREAM, 2, cid, which))
+                direct = 1 - linear_cka(model.train().body(A), B)
+            assert float(value) == pytest.approx(float(direct), abs=1e-6)
+
+
+def test_a_cohort_with_different_alignments_stacks_them():
+    rad, other = Rad(A, 0), Rad(-A, 0)
+    payloads = [AlignPayload(0.5, rad=rad, target=B), AlignPayload(0.5, rad=rad, target=B)]
+    shared, attrs = alignment_start(payloads)
+    assert attrs == {} and shared["eta"] == 0.5 and shared["rad"] is A and shared["target"] is B
+    payloads[1] = AlignPayload(0.25, rad=other, target=B)
+    shared, attrs = alignment_start(payloads)
+    assert shared == {} and attrs["eta"].tolist() == [0.5, 0.25]
+    assert torch.equal(attrs["rad"], torch.stack([A, -A])) and attrs["target"].shape == (2, 4, 1)
+    off = AlignPayload(0.0, rad=rad, target=B)  # eta = 0: the term is off
+    assert alignment_start([off]) == ({"eta": 0.0, "rad": None, "target": None}, {})
+    with pytest.raises(ValueError, match="with and without"):
+        alignment_start([payloads[0], off])
 
 
 @pytest.mark.parametrize("layer", ["body", "output"])
@@ -258,7 +316,6 @@ def test_measuring_changes_no_training(tmp_path, monkeypatch, variant):
 
     measured = trained(tmp_path / "m")
     with monkeypatch.context() as patch:
-        patch.setattr(AlignmentMeter, "begin", lambda *args: None)
         patch.setattr(AlignmentMeter, "end", lambda *args: None)
         unmeasured = trained(tmp_path / "u")
     assert all(torch.equal(a, b) for a, b in zip(measured, unmeasured, strict=True))

@@ -5,6 +5,7 @@ import torch
 
 from components import with_yaml
 from fedexp.algorithms.fedopt import FedOpt, server_step
+from fedexp.core.cohort import RoundResults
 from fedexp.core.types import ClientResult, ConfigError, RoundContext, ServerState, Weights
 from handworld import make_ctx
 
@@ -14,7 +15,7 @@ T = torch.tensor
 
 def one_client_round(algo, state, delta):
     result = ClientResult(0, 1, Weights(T(delta, dtype=torch.float64)), 0.0, 1)
-    return algo.aggregate(state, [result], RoundContext(1, (0,), 0))[0]
+    return algo.aggregate(state, RoundResults.of([result]), RoundContext(1, (0,), 0))[0]
 
 
 def test_adam_step_by_hand():
@@ -79,10 +80,12 @@ def test_pseudo_gradient_is_algorithm_2s_plain_mean_and_by_option_the_weighted_o
     # uniform (default): delta = ([1, 0] + [3, 2]) / 2 = [2, 1]       -> step [2/3, 1/2]
     # samples:           delta = (1*[1, 0] + 3*[3, 2]) / 4 = [2.5, 1.5] -> [2.5/3.5, 1.5/2.5]
     state = ServerState(T([0.0, 0.0]), {"m": torch.zeros(2), "v": torch.ones(2)})
-    results = [
-        ClientResult(0, 1, Weights(T([1.0, 0.0])), 0.0, 1),
-        ClientResult(1, 3, Weights(T([3.0, 2.0])), 0.0, 1),
-    ]
+    results = RoundResults.of(
+        [
+            ClientResult(0, 1, Weights(T([1.0, 0.0])), 0.0, 1),
+            ClientResult(1, 3, Weights(T([3.0, 2.0])), 0.0, 1),
+        ]
+    )
     hand = {"uniform": T([2 / 3, 1 / 2]), "samples": T([2.5 / 3.5, 1.5 / 2.5])}
     for weighting in (None, "samples"):
         options = dict(beta1=0.0, beta2=0.0, tau=1.0, server_lr=1.0)

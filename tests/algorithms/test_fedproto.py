@@ -13,7 +13,7 @@ from conftest import main_in_process
 from fedexp.algorithms.fedproto import FedProto, Prototypes, class_prototypes
 from fedexp.core.types import ClientResult, ConfigError, RoundContext, ServerState
 from fedexp.models.mlp import BodyHead
-from handworld import make_ctx, one_round, small_mlp
+from handworld import begin_one, make_ctx, one_round, small_mlp
 
 FedProto = with_yaml(FedProto, "algorithm", "fedproto")
 
@@ -76,9 +76,8 @@ def test_server_averages_per_class_weighted_by_counts(two_clients):
 
 def test_local_loss_adds_ld_times_the_distance_to_the_class_prototype(two_clients):
     algo = FedProto(make_ctx(two_clients, factory=identity_body), ld=0.5)
-    module = algo.client_module(0)
     protos = torch.tensor([[0.0, 1.0], [1.0, 1.0], [0.0, 0.0]])
-    algo.client_begin(module, 0, Prototypes(protos, torch.tensor([1.0, 0.0, 0.0])))
+    module = begin_one(algo, 0, Prototypes(protos, torch.tensor([1.0, 0.0, 0.0])))
     with torch.no_grad():
         module.model.body.weight.copy_(torch.eye(2))  # body(x) = x
         module.model.body.bias.zero_()

@@ -13,12 +13,13 @@ from fedexp.algorithms.frl import FRL
 from fedexp.algorithms.supermask_fedavg import SupermaskFedAvg
 from fedexp.core.algorithm import BuildContext
 from fedexp.core.client_store import ClientStore
+from fedexp.core.cohort import RoundResults
 from fedexp.core.local import ClientConfig
 from fedexp.core.types import ClientResult, Ranking, RoundContext
 from fedexp.engine.executors.sequential import SequentialExecutor
 from fedexp.models.mlp import mlp
 from fedexp.models.supermask import edge_mask, num_kept, supermask_layers
-from handworld import UNTRAINED
+from handworld import one_client
 
 FRL = with_yaml(FRL, "algorithm", "frl")
 
@@ -70,8 +71,7 @@ def test_untrained_client_uploads_the_global_ranking():
             torch.randperm(r.numel()) for r in state.buffers["global_ranking"]
         ]
         payload = frl.configure_round(state, RoundContext(1, (0, 1), 0))[0]
-        frl.client_begin(frl.module, 0, payload)
-        upload = frl.client_end(frl.module, 0, payload, UNTRAINED)
+        upload = one_client(frl, 0, payload)
         assert all(torch.equal(u, g) for u, g in zip(upload.layers, payload.layers))
 
 
@@ -93,7 +93,8 @@ def test_vote_of_identical_rankings_keeps_them():
     frl = make_frl()
     state = frl.init_state()
     target = [torch.randperm(r.numel()) for r in state.buffers["global_ranking"]]
-    results = [ClientResult(c, 10, Ranking(tuple(target)), 0.0, 1) for c in range(3)]
+    uploads = [ClientResult(c, 10, Ranking(tuple(target)), 0.0, 1) for c in range(3)]
+    results = RoundResults.of(uploads)
     new_state, metrics = frl.aggregate(state, results, RoundContext(1, (0, 1, 2), 0))
     assert all(torch.equal(a, b) for a, b in zip(new_state.buffers["global_ranking"], target))
     assert metrics["frl/mask_change"] > 0.0  # a random ranking moves some kept edges

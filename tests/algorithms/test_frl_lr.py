@@ -22,6 +22,7 @@ from fedexp.engine.executors.select import executor_named
 from fedexp.engine.executors.sequential import SequentialExecutor
 from fedexp.models.mlp import mlp
 from fedexp.models.supermask import supermask_layers
+from handworld import begin_one
 
 FRL = with_yaml(FRL, "algorithm", "frl")
 
@@ -80,13 +81,13 @@ def trained_lrs(frl: FRL, round_idx: int) -> list[tuple[float, ...]]:
     """Each phase's learning rates of client 0 trained in round `round_idx`."""
     state = frl.init_state()
     seen = []
-    end = frl.client_end
+    end = frl.end
 
-    def spy(module, client_id, payload, training):
-        seen.append([p.lrs for p in training.phases])
-        return end(module, client_id, payload, training)
+    def spy(module, payloads, params, training):
+        seen.append([p.lrs for p in training.phases[0]])
+        return end(module, payloads, params, training)
 
-    frl.client_end = spy
+    frl.end = spy
     ctx = RoundContext(round_idx, (0,), 0)
 
     class Data:
@@ -147,7 +148,7 @@ def test_cosine_schedule_trains_as_one_sgd_with_torchs_scheduler():
     state = frl.init_state()
     payload = frl.configure_round(state, RoundContext(3, (0,), 0))[0]
     module = frl.module
-    frl.client_begin(module, 0, payload)
+    begin_one(frl, 0, payload)
     carried, restarted = copy.deepcopy(module.model), copy.deepcopy(module.model)
     x, y = data()
     train_local(module, x, y, 4, torch.Generator().manual_seed(5))

@@ -37,15 +37,16 @@ def build(option: str, local_epochs: int = E, **options):
 def phases_of_one_round(algo) -> list[tuple[str, int, int]]:
     """(name, epochs, steps) of each phase the client trained in round 1."""
     seen = {}
-    client_end = algo.client_end
+    end = algo.end
 
-    def record(module, client_id, payload, training):
-        seen[client_id] = training
-        return client_end(module, client_id, payload, training)
+    def record(module, payloads, params, training):
+        for cid, phases in zip(training.client_ids, training.phases):
+            seen[cid] = phases
+        return end(module, payloads, params, training)
 
-    algo.client_end = record
+    algo.end = record
     one_round(algo, ids=(0,), aggregate=False)
-    return [(p.name, p.epochs, p.steps) for p in seen[0].phases]
+    return [(p.name, p.epochs, p.steps) for p in seen[0]]
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ from components import with_yaml
 from fedexp.aggregators.median import median
 from fedexp.algorithms.fedavg import FedAvg
 from fedexp.algorithms.qffl import QFedAvg, QfflUpload, qffl_step
+from fedexp.core.cohort import RoundResults
 from fedexp.core.types import ClientResult, ConfigError, RoundContext, ServerState
 from handworld import make_ctx, one_round, small_mlp
 
@@ -82,10 +83,12 @@ def test_aggregate_applies_the_step_and_reports_the_start_losses(two_clients):
     algo = QFedAvg(make_ctx(two_clients, lr=0.5), q=1.0)  # L = 2
     state = ServerState(params=torch.ones(6))
     d0, d1 = torch.full((6,), -1.0), torch.full((6,), 2.0)
-    results = [
-        ClientResult(0, 1, QfflUpload(d0, torch.tensor(1.0)), 0.0, 1),
-        ClientResult(1, 5, QfflUpload(d1, torch.tensor(3.0)), 0.0, 1),  # sizes do not weigh
-    ]
+    results = RoundResults.of(
+        [
+            ClientResult(0, 1, QfflUpload(d0, torch.tensor(1.0)), 0.0, 1),
+            ClientResult(1, 5, QfflUpload(d1, torch.tensor(3.0)), 0.0, 1),  # sizes do not weigh
+        ]
+    )
     new, metrics = algo.aggregate(state, results, RoundContext(1, (0, 1), 0))
     # per coordinate as in the hand test, but |Dw|^2 sums 6 coordinates: h = [4*6+2, 16*6+6]
     expected = 1.0 - (1 * 2 + 3 * (-4)) / (26 + 102)

@@ -91,13 +91,15 @@ def test_clients_trained_one_after_another_start_from_the_same_statistics():
     state = algo.init_state()
     _, state = run_round(algo, data, state)  # statistics no longer the initial ones
     seen = {}
-    begin = algo.client_begin
+    begin = algo.begin
 
-    def spy(module, client_id, payload):
-        begin(module, client_id, payload)
-        seen[client_id] = module.model.body[1].running_mean.clone()
+    def spy(module, client_ids, payloads, stats):
+        start = begin(module, client_ids, payloads, stats)
+        for i, cid in enumerate(client_ids):
+            seen[cid] = start.params["model.body.1.running_mean"][i].clone()
+        return start
 
-    algo.client_begin = spy
+    algo.begin = spy
     run_round(algo, data, state, t=2)
     # client 1 trained after client 0 on the same resident module: it still starts from the
     # global statistics, not from those client 0 left

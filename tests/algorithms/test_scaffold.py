@@ -6,9 +6,10 @@ import torch
 from components import with_yaml
 from fedexp.algorithms.fedavg import FedAvg
 from fedexp.algorithms.scaffold import Scaffold, ScaffoldPayload, ScaffoldUpload
+from fedexp.core.cohort import RoundResults
 from fedexp.core.local import LocalTraining, PhaseTraining
 from fedexp.core.types import ClientResult, ConfigError, RoundContext, ServerState
-from handworld import make_ctx, one_round, small_mlp
+from handworld import begin_one, end_one, make_ctx, one_round, small_mlp
 
 FedAvg = with_yaml(FedAvg, "algorithm", "fedavg")
 Scaffold = with_yaml(Scaffold, "algorithm", "scaffold")
@@ -57,7 +58,7 @@ def test_correction_adds_c_minus_ci_to_the_gradient_and_nothing_to_the_loss(two_
     c = torch.linspace(-1.0, 1.0, d)
     algo.store.put(0, torch.full((d,), 0.25))
     module = algo.client_module(0)
-    algo.client_begin(module, 0, ScaffoldPayload(state.params, c))
+    module = begin_one(algo, 0, ScaffoldPayload(state.params, c))
     batch = two_clients.train(0)
     module.zero_grad()
     task = module.task_loss(batch)
@@ -75,7 +76,8 @@ def test_server_step_uses_eta_g_and_sampled_fraction_of_clients(two_clients):
     algo = Scaffold(make_ctx(two_clients), server_lr=0.5)
     state = ServerState(torch.tensor([1.0, 2.0]), {"control": torch.tensor([1.0, 1.0])})
     upload = ScaffoldUpload(torch.tensor([2.0, -4.0]), torch.tensor([4.0, 2.0]))
-    new, _ = algo.aggregate(state, [ClientResult(0, 1, upload, 0.0, 1)], RoundContext(1, (0,), 0))
+    results = RoundResults.of([ClientResult(0, 1, upload, 0.0, 1)])
+    new, _ = algo.aggregate(state, results, RoundContext(1, (0,), 0))
     assert torch.equal(new.params, torch.tensor([2.0, 0.0]))  # x + 0.5 * [2, -4]
     assert torch.equal(new.buffers["control"], torch.tensor([3.0, 2.0]))  # c + (1/2) [4, 2]
     assert torch.equal(state.buffers["control"], torch.tensor([1.0, 1.0]))  # input untouched
@@ -93,7 +95,7 @@ def test_per_group_learning_rates_are_refused(two_clients):
     state = algo.init_state()
     module = algo.client_module(0)
     payload = ScaffoldPayload(state.params, torch.zeros_like(state.params))
-    algo.client_begin(module, 0, payload)
+    module = begin_one(algo, 0, payload)
     training = LocalTraining(2, 1, torch.zeros(()), (PhaseTraining("all", 1, 2, (0.1, 0.2)),))
     with pytest.raises(ConfigError, match="client.optimizer"):
-        algo.client_end(module, 0, payload, training)
+        end_one(algo, module, 0, payload, training)

@@ -9,9 +9,10 @@ from components import with_yaml
 from fedexp.aggregators.sign_vote import sign_vote
 from fedexp.algorithms.signsgd import SignSGD, to_signs
 from fedexp.algorithms.topk import TopK, top_fraction
+from fedexp.core.cohort import RoundResults
 from fedexp.core.flat import flat_params
 from fedexp.core.types import ClientResult, RoundContext, ServerState, Signs, SparseDelta, Weights
-from handworld import UNTRAINED, mlp_ctx
+from handworld import begin_one, end_one, mlp_ctx, one_client
 
 SignSGD = with_yaml(SignSGD, "algorithm", "signsgd")
 TopK = with_yaml(TopK, "algorithm", "topk")
@@ -27,10 +28,12 @@ def test_signsgd_step_is_server_lr_times_the_majority_sign():
     algorithm = SignSGD(make_ctx(sign_vote), server_lr=0.5)
     state = ServerState(params=torch.zeros(3))
     votes = [[1, -1, 1], [1, -1, -1], [-1, -1, 1], [-1, 1, -1]]  # sums 0, -2, 0
-    results = [
-        ClientResult(c, 1, Signs(torch.tensor(v, dtype=torch.int8)), 0.0, 1)
-        for c, v in enumerate(votes)
-    ]
+    results = RoundResults.of(
+        [
+            ClientResult(c, 1, Signs(torch.tensor(v, dtype=torch.int8)), 0.0, 1)
+            for c, v in enumerate(votes)
+        ]
+    )
     new, metrics = algorithm.aggregate(state, results, RoundContext(1, (0, 1, 2, 3), 0))
     assert torch.equal(new.params, torch.tensor([0.0, -0.5, 0.0]))
     assert metrics["signsgd/tied_fraction"] == pytest.approx(2 / 3)
@@ -47,18 +50,17 @@ def test_topk_error_feedback_keeps_what_was_not_sent():
     state = algorithm.init_state()
     payload = algorithm.configure_round(state, RoundContext(1, (0,), 0))[0]
     module = algorithm.client_module(0)
-    algorithm.client_begin(module, 0, payload)
+    module = begin_one(algorithm, 0, payload)
     with torch.no_grad():
         for p in module.model.parameters():
             p.add_(torch.linspace(-1, 1, p.numel()).view_as(p))
     update = torch.cat([torch.linspace(-1, 1, p.numel()) for p in module.model.parameters()])
-    sent = algorithm.client_end(module, 0, payload, UNTRAINED)
+    sent = end_one(algorithm, module, 0, payload)
     residual = algorithm.store.get(0)
     assert torch.allclose(sent.dense() + residual, update, atol=1e-6)
     assert residual[sent.indices].abs().sum() == 0
     # next round: the residual is added before selecting
-    algorithm.client_begin(module, 0, payload)
-    again = algorithm.client_end(module, 0, payload, UNTRAINED)
+    again = one_client(algorithm, 0, payload)
     assert torch.allclose(again.dense() + algorithm.store.get(0), residual, atol=1e-6)
 
 

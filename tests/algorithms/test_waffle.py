@@ -13,6 +13,7 @@ from components import with_yaml
 from fedexp.algorithms.fedavg import FedAvg
 from fedexp.algorithms.waffle import DictionaryPayload, WAFFLe
 from fedexp.core.algorithm import BuildContext
+from fedexp.core.cohort import RoundResults
 from fedexp.core.flat import flat_params
 from fedexp.core.local import ClientConfig
 from fedexp.core.types import ClientResult, ConfigError, RoundContext, ServerState, Weights
@@ -63,10 +64,12 @@ def test_server_takes_the_papers_simple_average_on_hand_numbers():
     # clients of 1 and 3 samples: w + ([1, 0] + [3, 2]) / 2 = [1, 2] + [2, 1] = [3, 3];
     # weighting=samples: [1, 2] + (1*[1, 0] + 3*[3, 2]) / 4 = [1, 2] + [2.5, 1.5] = [3.5, 3.5]
     state = ServerState(params=torch.tensor([1.0, 2.0]))
-    results = [
-        ClientResult(0, 1, Weights(torch.tensor([1.0, 0.0])), 0.0, 1),
-        ClientResult(1, 3, Weights(torch.tensor([3.0, 2.0])), 0.0, 1),
-    ]
+    results = RoundResults.of(
+        [
+            ClientResult(0, 1, Weights(torch.tensor([1.0, 0.0])), 0.0, 1),
+            ClientResult(1, 3, Weights(torch.tensor([3.0, 2.0])), 0.0, 1),
+        ]
+    )
     ctx = RoundContext(1, (0, 1), 0)
     simple = WAFFLe(waffle_ctx(), num_factors=4).aggregate(state, results, ctx)[0]
     weighted = WAFFLe(waffle_ctx(), num_factors=4, weighting="samples").aggregate(

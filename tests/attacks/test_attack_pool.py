@@ -16,6 +16,7 @@ from fedexp.attacks.crafted import AGRTailored, MinMax
 from fedexp.attacks.pool import pool_extras
 from fedexp.attacks.rank_reversal import RankReversal
 from fedexp.core.callbacks import RoundFunction
+from fedexp.core.cohort import RoundResults
 from fedexp.core.types import ClientResult, ConfigError, Ranking, RoundContext, ServerState, Weights
 from fedexp.engine.executors.sequential import SequentialExecutor, train_aside
 from fedexp.run import Experiment
@@ -84,11 +85,11 @@ def one_attacker_round(pool: str):
     def aside(state, round_idx, ids):
         assert state is START and round_idx == 1  # the round's starting state, the round
         trained.append(tuple(ids))
-        return [ClientResult(c, 10, Weights(benign[c]), 0.0, 1) for c in ids]
+        return RoundResults.of([ClientResult(c, 10, Weights(benign[c]), 0.0, 1) for c in ids])
 
     attack.use_aside(aside)
     ids = (honest[0], bad[0], honest[1])
-    results = [ClientResult(c, 10, Weights(benign[c]), 0.0, 1) for c in ids]
+    results = RoundResults.of([ClientResult(c, 10, Weights(benign[c]), 0.0, 1) for c in ids])
     out = attack.apply(results, RoundContext(1, ids, 0), START)
     return attack, bad, benign, trained, out
 
@@ -128,11 +129,11 @@ def one_reverser_round(pool: str, pool_size: int):
     def aside(state, round_idx, ids):
         assert state is START and round_idx == 1
         trained.append(tuple(ids))
-        return [upload(c) for c in ids]
+        return RoundResults.of([upload(c) for c in ids])
 
     attack.use_aside(aside)
     ids = (honest[0], bad[0], honest[1])
-    out = attack.apply([upload(c) for c in ids], RoundContext(1, ids, 0), START)
+    out = attack.apply(RoundResults.of([upload(c) for c in ids]), RoundContext(1, ids, 0), START)
     return attack, bad, trained, out
 
 

@@ -26,6 +26,7 @@ from fedexp.attacks.crafted import (
 from fedexp.attacks.label_flip import LabelFlip
 from fedexp.attacks.rank_reversal import RankReversal, reversed_consensus
 from fedexp.attacks.transform import Scaling, SignFlip
+from fedexp.core.cohort import RoundResults
 from fedexp.core.types import (
     ClientResult,
     ConfigError,
@@ -56,7 +57,7 @@ def setup(attack, num_clients=10, seed=0, aggregator=None):
 
 def results_of(uploads, ids=None):
     ids = ids if ids is not None else range(len(uploads))
-    return [ClientResult(c, 10, u, 0.0, 1) for c, u in zip(ids, uploads)]
+    return RoundResults.of([ClientResult(c, 10, u, 0.0, 1) for c, u in zip(ids, uploads)])
 
 
 def test_malicious_set_is_a_fraction_of_all_clients_fixed_by_the_seed():

@@ -124,13 +124,14 @@ def test_heterogeneous_fedhenn_shadows_start_from_their_targets_model(tmp_path, 
     state, _ = algorithm.aggregate(state, results, ctx)
     before = store.state_dict()
     started = {}
-    begin = algorithm.client_begin
+    begin = algorithm.begin
 
-    def record(module, client_id, payload):
-        begin(module, client_id, payload)
-        started[client_id] = (algorithm.arch_of(client_id), algorithm.client_params(client_id))
+    def record(module, client_ids, payloads, stats):
+        for cid in client_ids:
+            started[cid] = (algorithm.arch_of(cid), algorithm.client_params(cid))
+        return begin(module, client_ids, payloads, stats)
 
-    monkeypatch.setattr(algorithm, "client_begin", record)
+    monkeypatch.setattr(algorithm, "begin", record)
     metrics = audit.on_evaluate(SimpleNamespace(algorithm=algorithm, rounds=1), state, 1)
     assert set(metrics) == set(METRICS)
     targets = [c for c in started if c < 6]

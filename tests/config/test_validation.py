@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from components import with_yaml
 from conftest import main_in_process, write_sent140_csv
 from fedexp.config.validation import config_rule, validate_config, with_checks
+from fedexp.core.cohort import RoundResults
 from fedexp.core.types import ConfigError
 
 # stands for `dataset.data_dir=<a generated Sent140 CSV>` (written by `with_sent140`)
@@ -260,7 +261,7 @@ def test_an_attack_says_when_its_fraction_rounds_and_logs_the_realised_one(
     with caplog.at_level("WARNING"):
         attack.setup(SimpleNamespace(seed=0), num_clients)
     assert len(attack.malicious) == malicious
-    assert attack.round_metrics([])["attack/fraction"] == malicious / num_clients
+    assert attack.round_metrics(RoundResults.empty())["attack/fraction"] == malicious / num_clients
     lines = [r.getMessage() for r in caplog.records]
     assert lines == (
         [

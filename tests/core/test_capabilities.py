@@ -84,12 +84,13 @@ def test_client_modules_declare_the_state_they_carry_per_client():
     assert set(declared) >= {"DittoModule", "ProtoModule", "WaffleModule", "AlignModule"}
 
 
-def test_declared_state_that_client_begin_did_not_set_is_refused():
+def test_declared_state_that_begin_does_not_give_is_refused():
     import torch
     from torch import nn
 
+    from fedexp.core.client_loop import load_start, module_rows
+    from fedexp.core.cohort import CohortStart
     from fedexp.core.types import ConfigError
-    from fedexp.engine.stacking import client_attrs
     from handworld import client_cfg
 
     class Anchored(ClientModule):
@@ -97,10 +98,10 @@ def test_declared_state_that_client_begin_did_not_set_is_refused():
 
     module = Anchored(nn.Linear(2, 2), client_cfg())
     with pytest.raises(ConfigError, match=r"declares per-client state \['anchor'\]"):
-        client_attrs(module)
-    module.anchor = torch.ones(2)
-    module.other = torch.zeros(2)  # not declared: not carried
-    assert list(client_attrs(module)) == ["anchor"]
+        load_start(module, CohortStart(module_rows(module)))
+    start = CohortStart(module_rows(module), attrs={"anchor": torch.ones(1, 2)})
+    load_start(module, start, row=0)
+    assert torch.equal(module.anchor, torch.ones(2))  # the client's row
 
 
 def test_an_algorithm_that_says_it_cannot_be_vectorized_trains_sequentially_under_auto():

@@ -22,6 +22,7 @@ from fedexp.attacks.transform import Scaling, SignFlip
 from fedexp.core.algorithm import BuildContext
 from fedexp.core.client import ClientModule
 from fedexp.core.client_store import ClientStore
+from fedexp.core.cohort import RoundResults
 from fedexp.core.local import RULES, ClientConfig, LocalTraining
 from fedexp.core.types import (
     FLOAT_BITS,
@@ -121,7 +122,7 @@ class RecordingModule(ClientModule):
 
 
 class Recording(FedAvg):
-    """FedAvg that keeps what each client_end was told (and, sequentially, every step's loss)."""
+    """FedAvg that keeps what each client's `end` was told (and, sequentially, each step's loss)."""
 
     record_losses = True
 
@@ -132,9 +133,16 @@ class Recording(FedAvg):
         module.losses = []
         return module
 
-    def client_end(self, module, client_id, payload, training):
-        self.seen[client_id] = training
-        return super().client_end(module, client_id, payload, training)
+    def end(self, module, payloads, params, training):
+        record(self.seen, training)
+        return super().end(module, payloads, params, training)
+
+
+def record(seen: dict, training) -> None:
+    """Each client's facts of a cohort's training, as one client's `LocalTraining`."""
+    for i, cid in enumerate(training.client_ids):
+        facts = (training.steps[i], training.samples[i], training.mean_loss[i])
+        seen[cid] = LocalTraining(*facts, training.phases[i])
 
 
 class VectorizedRecording(Recording):
@@ -158,7 +166,7 @@ def recording_round(executor, algorithm_cls=Recording, **kwargs) -> dict[int, Lo
     state = algorithm.init_state()
     round_ctx = RoundContext(1, (0, 1), 0)
     results = executor.run(algorithm, algorithm.configure_round(state, round_ctx), round_ctx, data)
-    for r in results:  # the result repeats the facts client_end was given
+    for r in results:  # the result repeats the facts `end` was given
         seen = algorithm.seen[r.client_id]
         assert (r.num_samples, r.num_steps) == (seen.samples, seen.steps)
         assert torch.equal(torch.as_tensor(r.train_loss), seen.mean_loss)
@@ -199,9 +207,9 @@ def test_local_training_phases_of_fedrep_on_both_executors():
 
 
 class FedRepRecording(FedRep):
-    def client_end(self, module, client_id, payload, training):
-        self.seen[client_id] = training
-        return super().client_end(module, client_id, payload, training)
+    def end(self, module, payloads, params, training):
+        record(self.seen, training)
+        return super().end(module, payloads, params, training)
 
 
 # ---- attacks target capabilities -----------------------------------------------------------------
@@ -245,15 +253,15 @@ def test_a_new_vector_message_is_accepted_and_corrupted_by_model_poisoning():
     with pytest.raises(ConfigError, match=r"sign_flip cannot target .* Opaque \(nothing"):
         SignFlip().check_target(Uploads(Opaque))
     vectors = [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]
-    results = [
-        ClientResult(c, 1, Tagged(torch.tensor(v), f"c{c}"), 0.0, 1) for c, v in enumerate(vectors)
-    ]
+    rows = [Tagged(torch.tensor(v), f"c{c}") for c, v in enumerate(vectors)]
+    results = RoundResults.of([ClientResult(c, 1, row, 0.0, 1) for c, row in enumerate(rows)])
     ctx = RoundContext(1, (0, 1, 2), 0)
     # LIE, z = 1, every update known: mean [3, 4] + std [2, 2] = [5, 6], the tag kept
     out = flagged(LIE(knowledge="all", z=1.0), {2}).apply(results, ctx)
     assert isinstance(out[2].upload, Tagged) and out[2].upload.tag == "c2" and out[2].malicious
     assert out[2].upload.delta.tolist() == [5.0, 6.0]
-    assert out[0].upload is results[0].upload and not out[0].malicious
+    assert torch.equal(out[0].upload.delta, results[0].upload.delta) and not out[0].malicious
+    assert out[0].upload.tag == "c0"
     flipped = flagged(SignFlip(), {0}).apply(results, ctx)[0].upload
     assert flipped.delta.tolist() == [-1.0, -2.0] and flipped.tag == "c0"
 

@@ -30,9 +30,9 @@ def cohorts(tmp_path, *overrides: str) -> tuple[list[tuple[int, ...]], frozenset
     seen: list[tuple[int, ...]] = []
     run = exp.executor.run
 
-    def recording(algorithm, payloads, ctx, data):
+    def recording(algorithm, payloads, ctx, data, stats=None):
         seen.append(tuple(ctx.client_ids))
-        return run(algorithm, payloads, ctx, data)
+        return run(algorithm, payloads, ctx, data, stats)
 
     exp.executor.run = recording
     exp.orchestrator().run()

@@ -6,14 +6,16 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from fedexp.attacks.transform import SignFlip
+from fedexp.core.cohort import RoundResults
 from fedexp.core.summary import Objective, RunSummary, Timing, metric_title
-from fedexp.core.types import ClientResult
+from fedexp.core.types import ClientResult, Weights
 
 
-def cohort(*ids: int) -> list[ClientResult]:
-    return [ClientResult(c, 10, None, 0.5, 3) for c in ids]
+def cohort(*ids: int) -> RoundResults:
+    return RoundResults.of([ClientResult(c, 10, Weights(torch.zeros(1)), 0.5, 3) for c in ids])
 
 
 def attack_with(malicious: set[int]) -> SignFlip:

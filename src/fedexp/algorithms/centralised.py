@@ -29,6 +29,7 @@ from torch import nn
 from fedexp.core.algorithm import Algorithm, BuildContext
 from fedexp.core.client import ClientModule, Phase
 from fedexp.core.client_loop import train_local
+from fedexp.core.cohort import CohortStart, resident
 from fedexp.core.flat import flat_params, load_flat
 from fedexp.core.local import LocalTraining
 from fedexp.core.seeding import INIT, derive_seed, seed_global_rng
@@ -103,12 +104,10 @@ class Centralised(Algorithm):
     def client_module(self, client_id: int) -> ClientModule:
         return self.idle
 
-    def client_begin(self, module: ClientModule, client_id: int, payload: Message) -> None:
-        pass
+    def begin(self, module: ClientModule, client_ids, payloads, stats) -> CohortStart:
+        return CohortStart(resident(module, len(client_ids)))  # the idle module, untouched
 
-    def client_end(
-        self, module: ClientModule, client_id: int, payload: Message, training: LocalTraining
-    ) -> Message:
+    def end(self, module: ClientModule, payloads, params, training) -> Message:
         return Nothing()
 
     # ---- evaluation ----------------------------------------------------------------------------

@@ -32,19 +32,20 @@ from typing import Literal
 import torch
 from torch import nn
 
-from fedexp.algorithms.fedavg import FedAvg
+from fedexp.algorithms.fedavg import FedAvg, payload_rows
 from fedexp.core.algorithm import BuildContext
 from fedexp.core.client import ClientModule, Phase
-from fedexp.core.local import ClientConfig, LocalTraining
+from fedexp.core.cohort import CohortStart
+from fedexp.core.local import ClientConfig
 from fedexp.core.types import ConfigError, Message, ServerState
-from fedexp.models.running_stats import load_model_state, model_state
+from fedexp.models.running_stats import load_model_state, model_state, state_of_rows, state_rows
 
 
 class DittoModule(ClientModule):
     """The global copy (`model`, FedAvg's local objective) and the personal model (`personal`,
     the task loss plus (lam/2) ||v - w^t||^2), trained one after the other."""
 
-    per_client_state = ("anchor",)  # set by client_begin
+    per_client_state = ("anchor",)  # given by begin
 
     def __init__(
         self,
@@ -124,17 +125,28 @@ class Ditto(FedAvg):
     def _personal(self, client_id: int) -> torch.Tensor:
         return self.store.get(client_id, self._initial)
 
-    def client_begin(self, module: DittoModule, client_id: int, payload: Message) -> None:
-        super().client_begin(module, client_id, payload)
-        load_model_state(module.personal, self._personal(client_id))
-        # new tensors every client (the vectorized executor stacks them; nothing is shared)
-        module.anchor = [p.detach().clone() for p in self.shared(module.model)]
+    def begin(self, module: DittoModule, client_ids, payloads, stats) -> CohortStart:
+        """FedAvg's start for the global copy; each client's personal model (parameters and
+        running statistics) from the store; the anchor w^t is the received weights: the
+        broadcast once for every client where all of them got the same."""
+        rows = self.store.gather(client_ids, self._initial)
+        own = state_rows(module.personal, rows, prefix="personal.")
+        start = self.cohort_start(module, payloads, stats, own)
+        vector = payload_rows(payloads)
+        if vector.dim() == 1:
+            start.shared["anchor"] = self.payload_views(module, vector)
+        else:
+            start.attrs["anchor"] = [start.params[n] for n in self._global_names(module)]
+        return start
 
-    def client_end(
-        self, module: DittoModule, client_id: int, payload: Message, training: LocalTraining
-    ) -> Message:
-        self.store.put(client_id, model_state(module.personal))
-        return super().client_end(module, client_id, payload, training)
+    def end(self, module: DittoModule, payloads, params, training) -> Message:
+        self.store.scatter(training.client_ids, state_of_rows(module.personal, params, "personal."))
+        return super().end(module, payloads, params, training)
+
+    def _global_names(self, module: DittoModule) -> list[str]:
+        """The global copy's shared parameters by name in the module (the anchor's order)."""
+        names = {id(p): n for n, p in module.named_parameters()}
+        return [names[id(p)] for p in self.shared(module.model)]
 
     def personal_model(self, state: ServerState, client_id: int) -> nn.Module | None:
         load_model_state(self.eval_model, self._personal(client_id))

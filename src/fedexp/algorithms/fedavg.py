@@ -24,18 +24,23 @@ from torch import nn
 
 from fedexp.core.algorithm import Algorithm, BuildContext
 from fedexp.core.client import ClientModule
-from fedexp.core.cohort import (
-    CohortStart,
-    CohortTraining,
-    flat_rows,
-    is_cohort,
-    result_samples,
+from fedexp.core.cohort import CohortStart, CohortTraining, RoundResults, flat_rows, resident
+from fedexp.core.flat import (
+    flat_params,
+    load_flat,
+    named_views,
+    share_model_storage,
+    shared_buffer,
 )
-from fedexp.core.flat import flat_delta, flat_params, load_flat, named_views, share_model_storage
-from fedexp.core.local import LocalTraining
 from fedexp.core.seeding import INIT, derive_seed
 from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext, ServerState, Weights
-from fedexp.models.running_stats import flat_stats, load_stats, norm_layers, running_buffers
+from fedexp.models.running_stats import (
+    flat_stats,
+    load_stats,
+    norm_layers,
+    running_buffers,
+    stats_views,
+)
 
 
 class FedAvg(Algorithm):
@@ -113,22 +118,18 @@ class FedAvg(Algorithm):
         return state
 
     def broadcast_stats(self, state: ServerState) -> torch.Tensor | None:
-        # kept for the round's `client_begin` calls (payload classes carry the weights only)
-        self._round_stats = state.buffers.get("stats")
-        return self._round_stats
+        return state.buffers.get("stats")
 
     def with_averaged_stats(
         self, state: ServerState, results: Sequence[ClientResult]
     ) -> ServerState:
         """`state` with its running statistics replaced by the clients' weighted mean (the
         clients' weights p_k). Every `aggregate` of this family ends with it."""
-        if is_cohort(results):  # trained at once: no running statistics travel
-            return state
-        stats = [r.stats for r in results]
-        if not stats or any(s is None for s in stats):
+        stats = results.stats_rows()
+        if stats is None:
             return state
         weights = self.client_weights(results).to(torch.float32)
-        mean = (weights / weights.sum()) @ torch.stack(stats).to(weights.device)
+        mean = (weights / weights.sum()) @ stats.to(weights.device)
         return ServerState(state.params, {**state.buffers, "stats": mean})
 
     def configure_round(self, state: ServerState, ctx: RoundContext) -> Mapping[int, Message]:
@@ -138,13 +139,11 @@ class FedAvg(Algorithm):
     def client_weights(self, results: Sequence[ClientResult]) -> torch.Tensor:
         if self.weighting == "uniform":
             return torch.ones(len(results), device=self.device)
-        return torch.tensor([float(n) for n in result_samples(results)], device=self.device)
+        return torch.tensor([float(n) for n in results.num_samples], device=self.device)
 
-    def stack_uploads(self, results: Sequence[ClientResult]) -> torch.Tensor:
+    def stack_uploads(self, results: RoundResults) -> torch.Tensor:
         """The round's uploads as dense rows [n, d] for the aggregator."""
-        if is_cohort(results):
-            return results.upload.vector
-        return torch.stack([r.upload.vector for r in results])
+        return results.uploads().vector
 
     def aggregate(
         self, state: ServerState, results: Sequence[ClientResult], ctx: RoundContext
@@ -153,60 +152,45 @@ class FedAvg(Algorithm):
         step = self.ctx.aggregator(
             updates, self.client_weights(results), num_malicious=ctx.num_malicious
         )
+        return self.server_step(state, step, results), {}
+
+    def server_step(
+        self, state: ServerState, step: torch.Tensor, results: RoundResults
+    ) -> ServerState:
+        """w <- w + server_lr * v, v <- server_momentum * v + step (the aggregated update), and
+        the clients' running statistics averaged in."""
         buffers = dict(state.buffers)  # the caller's state stays as it was
         if self.server_momentum:
             buf = buffers.get("momentum")
             step = step if buf is None else self.server_momentum * buf + step
             buffers["momentum"] = step
         step = step if self.server_lr == 1.0 else self.server_lr * step  # x * 1.0 == x
-        return self.with_averaged_stats(ServerState(state.params + step, buffers), results), {}
+        return self.with_averaged_stats(ServerState(state.params + step, buffers), results)
 
-    # ---- client --------------------------------------------------------------------------------
+    # ---- client: one cohort (a single client on the sequential executor) ----------------------
     def client_module(self, client_id: int) -> ClientModule:
         return self.module
 
-    def client_begin(self, module: ClientModule, client_id: int, payload: Message) -> None:
-        load_flat(self.shared(module.model), payload.vector)
-        # the global statistics, not those the previous client left in the resident module
-        self.load_stats(module.model, self.__dict__.get("_round_stats"))
+    def begin(
+        self,
+        module: ClientModule,
+        client_ids: Sequence[int],
+        payloads: Sequence[Message],
+        stats: torch.Tensor | None,
+    ) -> CohortStart:
+        """The payloads' weights; the broadcast running statistics (not those the previous
+        client left in the resident module)."""
+        return self.cohort_start(module, payloads, stats)
 
-    # ---- the cohort at once (the vectorized executor) -------------------------------------------
-    def cohort_begin(
-        self, module: ClientModule, client_ids: Sequence[int], payloads: Sequence[Message]
-    ) -> CohortStart | None:
-        if not self.batched_hooks(FedAvg) or self.__dict__.get("_round_stats") is not None:
-            return None
-        return CohortStart(self.cohort_params(module, payloads))
+    def cohort_start(
+        self, module: ClientModule, payloads: Sequence[Message], stats, own=None
+    ) -> CohortStart:
+        """`cohort_params` as a start, with the hint that the shared parameters take the
+        payloads' weights as one flat vector (one copy each where they share a buffer)."""
+        params = self.cohort_params(module, payloads, stats, own)
+        return CohortStart(params, flat=[(self.shared(module.model), payload_rows(payloads))])
 
-    def cohort_params(
-        self, module: ClientModule, payloads: Sequence[Message], own=None
-    ) -> dict[str, torch.Tensor]:
-        """Every client's starting parameters and buffers [C, ...] by name: the payloads'
-        weights for the shared parameters; `own` (name -> [C, ...]) for those kept on the
-        clients; the module's for the rest (as the resident module holds them)."""
-        model, count = module.model, len(payloads)
-        vector = payload_rows(payloads)
-        shared = self.shared(model)
-        names = {id(p): n for n, p in module.named_parameters()}
-        out = {}
-        if vector.dim() == 1:  # one broadcast for every client
-            for p, piece in zip(shared, vector.split([p.numel() for p in shared])):
-                out[names[id(p)]] = piece.view(p.shape).expand(count, *p.shape)
-        else:
-            out.update({f"model.{n}": v for n, v in named_views(vector, model, shared).items()})
-        out.update(own or {})
-        for n, t in [*module.named_parameters(), *module.named_buffers()]:
-            if n not in out:
-                out[n] = t.detach().expand(count, *t.shape)
-        return out
-
-    def payload_views(self, module: ClientModule, vector: torch.Tensor) -> list[torch.Tensor]:
-        """`vector` ([d] or [C, d]) as views shaped like the shared parameters ([C, ...])."""
-        shared = self.shared(module.model)
-        pieces = vector.split([p.numel() for p in shared], dim=-1)
-        return [c.view(*vector.shape[:-1], *p.shape) for p, c in zip(shared, pieces)]
-
-    def cohort_end(
+    def end(
         self,
         module: ClientModule,
         payloads: Sequence[Message],
@@ -215,21 +199,75 @@ class FedAvg(Algorithm):
     ) -> Message:
         return Weights(self.cohort_flat(module, params) - payload_rows(payloads))
 
-    def cohort_flat(self, module: ClientModule, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """The shared parameters of every client, flat [C, d] (`flat_params` per row)."""
-        return flat_rows(module, params, self.shared(module.model))
+    def cohort_params(
+        self, module: ClientModule, payloads: Sequence[Message], stats, own=None
+    ) -> dict[str, torch.Tensor]:
+        """Every client's starting parameters and buffers [C, ...] by name: the payloads'
+        weights for the shared parameters; the broadcast running statistics `stats` (or None);
+        `own` (name -> [C, ...]) for those kept on the clients; the module's for the rest (as
+        the resident module holds them)."""
+        model, count = module.model, len(payloads)
+        vector = payload_rows(payloads)
+        key = (vector, count, stats, module)
+        cached = self.__dict__.get("_broadcast_start")
+        if cached is not None and all(a is b for a, b in zip(cached[0], key)):
+            out = dict(cached[1])  # the same broadcast as the round's previous client
+        else:
+            shared = self.shared(model)
+            names = module.tensor_names()
+            out = {}
+            if vector.dim() == 1:  # one broadcast for every client
+                for p, piece in zip(shared, vector.split([p.numel() for p in shared])):
+                    out[names[id(p)]] = piece.view(p.shape).expand(count, *p.shape)
+            else:
+                views = named_views(vector, model, shared)
+                out.update({f"model.{n}": v for n, v in views.items()})
+            for n, t in self.stat_rows(module, stats).items():
+                out[n] = t.expand(count, *t.shape[1:])
+            out = resident(module, count, out)
+            # kept for the round's next client (a strong reference: the key's objects stay)
+            self.__dict__["_broadcast_start"] = (key, dict(out))
+        for n, t in (own or {}).items():
+            out[n] = t.expand(count, *t.shape[1:])
+        return out
 
-    def client_stats(self, module: ClientModule) -> torch.Tensor | None:
-        return flat_stats(self.stat_buffers(module.model))
+    def stat_rows(self, module: ClientModule, stats: torch.Tensor | None) -> dict:
+        """The broadcast running statistics as the module's buffers [1, ...] by name."""
+        if stats is None:
+            return {}
+        buffers = self.stat_buffers(module.model)
+        names = module.tensor_names()
+        return {names[id(b)]: v.unsqueeze(0) for b, v in zip(buffers, stats_views(buffers, stats))}
+
+    def payload_views(self, module: ClientModule, vector: torch.Tensor) -> list[torch.Tensor]:
+        """`vector` ([d] or [C, d]) as views shaped like the shared parameters ([C, ...])."""
+        shared = self.shared(module.model)
+        pieces = vector.split([p.numel() for p in shared], dim=-1)
+        return [c.view(*vector.shape[:-1], *p.shape) for p, c in zip(shared, pieces)]
+
+    def cohort_flat(self, module: ClientModule, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The shared parameters of every client, flat [C, d] (`flat_params` per row); for a
+        cohort of one trained in the module, a view of the module's own buffer where its shared
+        parameters share one (read it before the module changes)."""
+        shared = self.shared(module.model)
+        first = params[module.tensor_names()[id(shared[0])]]
+        if first.shape[0] == 1 and first.data_ptr() == shared[0].data_ptr():
+            buffer = shared_buffer(shared)
+            if buffer is not None:
+                return buffer.detach().unsqueeze(0)
+        return flat_rows(module, params, shared)
+
+    def client_stats(
+        self, module: ClientModule, params: Mapping[str, torch.Tensor]
+    ) -> torch.Tensor | None:
+        buffers = self.stat_buffers(module.model)
+        if not buffers:
+            return None
+        return flat_rows(module, params, buffers).to(torch.float32)
 
     def load_stats(self, model: nn.Module, stats: torch.Tensor | None) -> None:
         if stats is not None:
             load_stats(self.stat_buffers(model), stats)
-
-    def client_end(
-        self, module: ClientModule, client_id: int, payload: Message, training: LocalTraining
-    ) -> Message:
-        return Weights(flat_delta(self.shared(module.model), payload.vector))
 
     # ---- evaluation ----------------------------------------------------------------------------
     def global_model(self, state: ServerState) -> nn.Module | None:

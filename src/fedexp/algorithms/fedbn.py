@@ -22,8 +22,8 @@ from torch import nn
 from fedexp.algorithms.fedavg import FedAvg
 from fedexp.core.algorithm import BuildContext
 from fedexp.core.client import ClientModule
+from fedexp.core.cohort import CohortStart
 from fedexp.core.flat import load_flat, share_model_storage
-from fedexp.core.local import LocalTraining
 from fedexp.core.types import Message, ServerState
 
 _BN = nn.modules.batchnorm._BatchNorm
@@ -86,16 +86,24 @@ class FedBN(FedAvg):
         return self.store.get(client_id, self._initial_bn)
 
     # ---- client --------------------------------------------------------------------------------
-    def client_begin(self, module: ClientModule, client_id: int, payload: Message) -> None:
-        super().client_begin(module, client_id, payload)
-        self.load_local(module.model, self._bn_of(client_id))
+    def _bn_names(self, module: ClientModule) -> list[str]:
+        """The names of the BN layers' parameters and buffers, in `local_state`'s order."""
+        names = {id(t): n for n, t in [*module.named_parameters(), *module.named_buffers()]}
+        layers = bn_layers(module.model)
+        return [names[id(t)] for m in layers for t in (*m.parameters(), *m.buffers())]
 
-    def client_end(
-        self, module: ClientModule, client_id: int, payload: Message, training: LocalTraining
-    ) -> Message:
+    def begin(self, module: ClientModule, client_ids, payloads, stats) -> CohortStart:
+        """The shared weights from the payloads; each client's BN state from the store."""
+        own = {}
+        if self._initial_bn:
+            rows = self.store.gather(client_ids, self._initial_bn)
+            own = dict(zip(self._bn_names(module), rows, strict=True))
+        return self.cohort_start(module, payloads, stats, own)
+
+    def end(self, module: ClientModule, payloads, params, training) -> Message:
         if self._initial_bn:  # nothing to keep for a model without BN layers
-            self.store.put(client_id, self.local_state(module.model))
-        return super().client_end(module, client_id, payload, training)
+            self.store.scatter(training.client_ids, [params[n] for n in self._bn_names(module)])
+        return super().end(module, payloads, params, training)
 
     # ---- evaluation ----------------------------------------------------------------------------
     def global_model(self, state: ServerState) -> nn.Module | None:

@@ -28,11 +28,12 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from fedexp.algorithms.fedavg import FedAvg
+from fedexp.algorithms.fedavg import FedAvg, payload_rows
 from fedexp.algorithms.fedhenn_alignment import (
     AlignmentOptions,
     AlignModule,
     AlignPayload,
+    alignment_start,
     check_server_pool,
     draw_rad,
     global_target,
@@ -42,12 +43,12 @@ from fedexp.algorithms.fedhenn_heterogeneous import FedHeNNHeterogeneous
 from fedexp.algorithms.fedhenn_measures import AlignmentMeter, MeasuredWeights, measured_metrics
 from fedexp.core.algorithm import Algorithm, BuildContext
 from fedexp.core.client import ClientModule
+from fedexp.core.cohort import CohortStart, CohortTraining
 from fedexp.core.flat import load_flat
-from fedexp.core.local import LocalTraining
 from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext, ServerState
 from fedexp.errors import with_checks
 from fedexp.models.family import family_size
-from fedexp.models.running_stats import load_model_state, model_state
+from fedexp.models.running_stats import load_model_state, state_of_rows
 
 log = logging.getLogger(__name__)
 
@@ -159,19 +160,29 @@ class FedHeNNHomogeneous(FedAvg):
             payload = AlignPayload(eta, state.params, round_idx=ctx.round, measure_on=(rad, target))
         return {cid: payload for cid in ctx.client_ids}
 
-    # FedAvg's hooks read the weights as `payload.vector`; the alignment comes on top
-    def client_begin(self, module: AlignModule, client_id: int, payload: AlignPayload) -> None:
-        super().client_begin(module, client_id, payload)
-        module.set_alignment(payload.eta, payload.rad, payload.target)
-        self.meter.begin(module, client_id, payload)
+    # FedAvg's client half reads the weights as `payload.vector`; the alignment comes on top
+    def begin(self, module: AlignModule, client_ids, payloads, stats) -> CohortStart:
+        start = super().begin(module, client_ids, payloads, stats)
+        shared, attrs = alignment_start(payloads)
+        start.shared.update(shared)
+        start.attrs.update(attrs)
+        return start
 
-    def client_end(
-        self, module: AlignModule, client_id: int, payload: AlignPayload, training: LocalTraining
+    def end(
+        self,
+        module: AlignModule,
+        payloads: Sequence[AlignPayload],
+        params: Mapping[str, torch.Tensor],
+        training: CohortTraining,
     ) -> Message:
-        measured = self.meter.end(module, client_id, payload)  # leaves the model as it was
-        # the client keeps its local model: the personal metrics evaluate it
-        self.store.put(client_id, model_state(module.model))  # with its running statistics
-        upload = super().client_end(module, client_id, payload, training)
+        # the clients keep their local models (with running statistics): the personal metrics
+        # evaluate them
+        self.store.scatter(training.client_ids, state_of_rows(module.model, params, "model."))
+        upload = super().end(module, payloads, params, training)
+        # each client measured from the weights it received and at those it trained; the
+        # module is left as it was
+        start = (self.shared(module.model), payload_rows(payloads))
+        measured = self.meter.end(module, payloads, params, training, start)
         return MeasuredWeights(upload.values, measured)
 
     def aggregate(

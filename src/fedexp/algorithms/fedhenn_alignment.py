@@ -294,10 +294,39 @@ def global_target(reps: torch.Tensor, opts: AlignmentOptions) -> torch.Tensor:
     return reps
 
 
+def alignment_of(eta: float, rad: Rad | None, target: torch.Tensor | None) -> dict:
+    """The module's alignment attributes for (eta, RAD, target): the term is on only with all
+    three (eta > 0); off, they are (0.0, None, None)."""
+    active = eta > 0 and rad is not None and target is not None
+    return {
+        "eta": eta if active else 0.0,
+        "rad": rad.x if active else None,
+        "target": target if active else None,
+    }
+
+
+def alignment_start(payloads) -> tuple[dict, dict]:
+    """(shared, attrs) of a cohort's `CohortStart`: the alignment attributes every client
+    shares (the round's one payload: the usual case), else each stacked [C, ...]."""
+    rows = [alignment_of(p.eta, p.rad, p.target) for p in payloads]
+    first = rows[0]
+    if all(
+        r["eta"] == first["eta"] and r["rad"] is first["rad"] and r["target"] is first["target"]
+        for r in rows
+    ):
+        return first, {}
+    if any(r["rad"] is None for r in rows):
+        raise ValueError("FedHeNN: a cohort's clients train with and without the alignment term")
+    device = first["rad"].device
+    etas = torch.tensor([r["eta"] for r in rows], device=device)
+    stacked = {k: torch.stack([r[k] for r in rows]) for k in ("rad", "target")}
+    return {}, {"eta": etas, **stacked}
+
+
 class AlignModule(ClientModule):
     """Task loss + eta * d(K(Phi(X)), target). With eta = 0 or no RAD it is the plain task loss."""
 
-    per_client_state = ("eta", "rad", "target")  # set by client_begin
+    per_client_state = ("eta", "rad", "target")  # given by begin (`alignment_start`)
 
     def __init__(
         self, model: nn.Module, client: ClientConfig, opts: AlignmentOptions, target_is_kernel
@@ -310,10 +339,8 @@ class AlignModule(ClientModule):
         self.target: torch.Tensor | None = None
 
     def set_alignment(self, eta: float, rad: Rad | None, target: torch.Tensor | None) -> None:
-        active = eta > 0 and rad is not None and target is not None
-        self.eta = eta if active else 0.0
-        self.rad = rad.x if active else None
-        self.target = target if active else None
+        for name, value in alignment_of(eta, rad, target).items():
+            setattr(self, name, value)
 
     def alignment_distance(
         self, rad: torch.Tensor | None = None, target: torch.Tensor | None = None

@@ -32,15 +32,16 @@ from fedexp.algorithms.fedhenn_alignment import (
     AlignPayload,
     ClientWeights,
     Rad,
+    alignment_start,
     draw_rad,
     upload_kernel,
     upload_of,
 )
-from fedexp.algorithms.fedhenn_measures import AlignmentMeter, measured_metrics
+from fedexp.algorithms.fedhenn_measures import AlignmentMeter, kept, load_row, measured_metrics
 from fedexp.core.algorithm import Algorithm, BuildContext
 from fedexp.core.client import ClientModule
-from fedexp.core.flat import flat_params, load_flat
-from fedexp.core.local import LocalTraining
+from fedexp.core.cohort import CohortStart, CohortTraining, flat_rows, stack_messages
+from fedexp.core.flat import flat_params, load_flat, named_views
 from fedexp.core.seeding import INIT, client_arch, derive_seed
 from fedexp.core.types import ClientResult, Message, Nothing, RoundContext, ServerState
 
@@ -145,25 +146,42 @@ class FedHeNNHeterogeneous(Algorithm):
     def client_module(self, client_id: int) -> ClientModule:
         return self.modules[self.arch_of(client_id)]
 
-    def client_begin(self, module: AlignModule, client_id: int, payload: AlignPayload) -> None:
-        load_flat(list(module.model.parameters()), self.client_params(client_id))
-        module.set_alignment(payload.eta, payload.rad, payload.target)
-        if self.opts.eta0 > 0:  # with eta0 = 0 there is never a target to measure against
-            self.meter.begin(module, client_id, payload)
+    def begin(self, module: AlignModule, client_ids, payloads, stats) -> CohortStart:
+        """Each client's own weights (stored, or its initial model), stacked; the module's
+        buffers (no weights of theirs are kept) and the round's alignment."""
+        model = module.model
+        own = torch.stack([self.client_params(c) for c in client_ids])
+        params = named_views(own, module, list(model.parameters()))
+        for name, b in module.named_buffers():
+            params[name] = b.detach().expand(len(client_ids), *b.shape)
+        shared, attrs = alignment_start(payloads)
+        return CohortStart(params, attrs, shared)
 
-    def client_end(
-        self, module: AlignModule, client_id: int, payload: AlignPayload, training: LocalTraining
+    def end(
+        self,
+        module: AlignModule,
+        payloads: Sequence[AlignPayload],
+        params: Mapping[str, torch.Tensor],
+        training: CohortTraining,
     ) -> Message:
-        if self.opts.eta0 == 0:
-            self.store.put(client_id, flat_params(list(module.model.parameters())))
+        ids = training.client_ids
+        weights = flat_rows(module, params, list(module.model.parameters()))  # [C, d], a copy
+        if self.opts.eta0 == 0:  # with eta0 = 0 there is never a target to measure against
+            self.store.scatter(ids, weights)
             return Nothing()
-        measured = self.meter.end(module, client_id, payload)  # leaves the model as it was
-        params = flat_params(list(module.model.parameters()))
-        self.store.put(client_id, params)
+        # each client measured from its stored weights (read before they are replaced) and
+        # at those it trained; the module is left as it was
+        start = (list(module.model.parameters()), torch.stack([self.client_params(c) for c in ids]))
+        measured = self.meter.end(module, payloads, params, training, start)
+        self.store.scatter(ids, weights)
         if self.opts.upload == "weights":
-            return ClientWeights(params, self.arch_of(client_id), measured)
-        upload = upload_of(module.model, payload.probe, self.opts)
-        return dataclasses.replace(upload, measured=measured)
+            return ClientWeights(weights, self.arch_of(ids[0]), measured)
+        uploads = []
+        with kept(module):
+            for i, payload in enumerate(payloads):
+                load_row(module, params, i)
+                uploads.append(upload_of(module.model, payload.probe, self.opts))
+        return dataclasses.replace(stack_messages(uploads), measured=measured)
 
     # ---- evaluation and audit ------------------------------------------------------------------
     def personal_model(self, state: ServerState, client_id: int) -> nn.Module | None:

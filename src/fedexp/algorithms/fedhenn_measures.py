@@ -10,25 +10,31 @@ at the model its last local step leaves (what it keeps and uploads, `last`):
   whole training data (the objective's first term: its full-batch gradient, which the steps'
   mini-batches estimate); the norms are over the trained parameters, all concatenated.
 
-Measuring never changes training: it runs in `client_begin` / `client_end`, outside the steps,
-with torch's RNG forked (and seeded from (seed, round, client), so that a model with dropout is
-measured alike under every executor), and the model's train/eval and requires_grad flags, its
-buffers (BatchNorm's running statistics) and the module's log capture put back; gradients come
-from `torch.autograd.grad`, which leaves `.grad` and the optimiser alone. Every executor calls
-these hooks with the same module state. The cohort's means reach the round's metrics through
-the uploads (`measured`, not on the wire: no bits), so they are right under every executor, the
-distributed one included.
+Measuring never changes training: it runs in the algorithm's `end`, after the steps, client by
+client: each client's parameters are loaded into the module, its starting ones (`first`) and its
+trained ones (`last`), and the module's parameters and buffers put back afterwards. Each
+measurement runs with torch's RNG forked (and seeded from (seed, round, client, which), so that
+a model with dropout is measured alike under every executor and in either order), and the
+model's train/eval and requires_grad flags, its buffers (BatchNorm's running statistics) and the
+module's log capture put back; gradients come from `torch.autograd.grad`, which leaves `.grad`
+and the optimiser alone. The starting parameters are measured with the buffers the client
+trained with (in training mode a norm layer normalises by the batch's own statistics). The
+cohort's measurements reach the round's metrics through the uploads (`measured`, stacked, not on
+the wire: no bits), so they are right under every executor, the distributed one included.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from fedexp.algorithms.fedhenn_alignment import AlignModule, AlignPayload
+from fedexp.core.cohort import CohortTraining
+from fedexp.core.flat import load_flat
 from fedexp.core.seeding import derive_seed, seed_global_rng
 from fedexp.core.types import ClientResult, Weights
 
@@ -41,8 +47,9 @@ RATIO_FIRST, RATIO = "fedhenn/grad_ratio_first", "fedhenn/grad_ratio"
 @dataclass(frozen=True)
 class Measurement:
     """One client's round: `values` = [d first, d last, ratio first, ratio last] (a tensor: no
-    host sync per client). `has_distance` is False where the round had no target to measure
-    against (heterogeneous round 1, or eta0 = 0); its d entries are then NaN and unused."""
+    host sync per client; a cohort's stacked [C, 4], `fedexp.core.cohort.unstack` gives one's).
+    `has_distance` is False where the round had no target to measure against (heterogeneous
+    round 1, or eta0 = 0); its d entries are then NaN and unused."""
 
     values: torch.Tensor
     has_distance: bool
@@ -72,30 +79,49 @@ def term_on(payload: AlignPayload) -> bool:
 
 
 class AlignmentMeter:
-    """Measures each client at `begin` and `end` of its local round (the algorithm's
-    `client_begin` / `client_end`); the first measurement waits here for the client's end."""
+    """Measures a cohort's clients in the algorithm's `end`: each at the parameters it started
+    its round from (`first`) and at those it trained (`last`). Keeps nothing between calls."""
 
     def __init__(self, seed: int, device: torch.device):
         self.seed = seed
         self.device = torch.device(device)
-        self.first: dict[int, torch.Tensor] = {}
 
-    def begin(self, module: AlignModule, client_id: int, payload: AlignPayload) -> None:
-        self.first[client_id] = self.measure(module, client_id, payload, 0)
-
-    def end(self, module: AlignModule, client_id: int, payload: AlignPayload) -> Measurement:
-        first = self.first.pop(client_id, None)
-        last = self.measure(module, client_id, payload, 1)
-        if first is None:  # a client trained without `begin` (not one of FedHeNN's hooks)
-            first = torch.full_like(last, float("nan"))
-        values = torch.stack([first[0], last[0], first[1], last[1]])
-        return Measurement(values, measured_on(payload) is not None)
+    def end(
+        self,
+        module: AlignModule,
+        payloads: Sequence[AlignPayload],
+        params: Mapping[str, torch.Tensor],
+        training: CohortTraining,
+        start: tuple[Sequence[torch.Tensor], torch.Tensor],
+    ) -> Measurement:
+        """The cohort's measurements, stacked [C, 4]. `params`: the trained parameters and
+        buffers by name [C, ...] (as `end` receives them); `start`: (the module's tensors the
+        clients started from other values of, those values flat: [d] for every client or
+        [C, d]). The module's parameters and buffers are as they were afterwards."""
+        has = {measured_on(p) is not None for p in payloads}
+        if len(has) != 1:
+            raise ValueError("FedHeNN: a cohort's clients are measured with and without a target")
+        if not has.pop():  # no target: nothing to measure (d NaN, ratio 0)
+            nan = torch.full((len(payloads), 2), float("nan"), device=self.device)
+            return Measurement(torch.cat([nan, torch.zeros_like(nan)], 1), False)
+        tensors, values = start
+        rows = []
+        with kept(module):
+            for i, (cid, payload) in enumerate(zip(training.client_ids, payloads)):
+                data = training.data[i] if training.data else None  # no data: ratio NaN
+                load_row(module, params, i)
+                last = self.measure(module, cid, payload, 1, data)
+                load_flat(list(tensors), values if values.dim() == 1 else values[i])
+                first = self.measure(module, cid, payload, 0, data)
+                rows.append(torch.stack([first[0], last[0], first[1], last[1]]))
+        return Measurement(torch.stack(rows), True)
 
     def measure(
-        self, module: AlignModule, client_id: int, payload: AlignPayload, which: int
+        self, module: AlignModule, client_id: int, payload: AlignPayload, which: int, data
     ) -> torch.Tensor:
         """[d, ratio] of the module's model now (d NaN without a target; ratio 0 where the
-        client trains without the term: its gradient there is 0)."""
+        client trains without the term: its gradient there is 0); `data`: the client's
+        training (x, y) for the task gradient."""
         on = measured_on(payload)
         zero = torch.zeros((), device=self.device)
         if on is None:
@@ -110,9 +136,31 @@ class AlignmentMeter:
             with torch.enable_grad():
                 distance = module.alignment_distance(rad, target)
                 align = gradient_norm(distance, params)
-                task = task_gradient_norm(module, params)
+                task = task_gradient_norm(module, params, data)
             ratio = payload.eta * align / task.clamp_min(torch.finfo(task.dtype).tiny)
             return torch.stack([distance.detach().float(), ratio.float()])
+
+
+@contextmanager
+def kept(module: nn.Module) -> Iterator[None]:
+    """The module's parameters and buffers are as they were on leaving (rows loaded inside)."""
+    saved = [(t, t.detach().clone()) for t in [*module.parameters(), *module.buffers()]]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for t, value in saved:
+                t.copy_(value)
+
+
+@torch.no_grad()
+def load_row(module: nn.Module, params: Mapping[str, torch.Tensor], i: int) -> None:
+    """Client `i`'s row of stacked `params` (name -> [C, ...]) into the module (a row that is
+    the module's own tensor, as for a cohort of one, is left alone)."""
+    for name, t in [*module.named_parameters(), *module.named_buffers()]:
+        row = params[name][i]
+        if not (row.data_ptr() == t.data_ptr() and row.stride() == t.stride()):
+            t.copy_(row)
 
 
 def trained_params(module: AlignModule) -> list[torch.nn.Parameter]:
@@ -167,11 +215,12 @@ def norm_of(grads, like: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack(norms)) if norms else torch.zeros_like(like)
 
 
-def task_gradient_norm(module: AlignModule, params: Sequence[torch.Tensor]) -> torch.Tensor:
-    """||grad F_i||, F_i the task loss over the client's training data as stored (no
-    augmentation), summed over chunks weighted by their share of the samples; NaN without
-    data."""
-    data = module.local_data
+def task_gradient_norm(
+    module: AlignModule, params: Sequence[torch.Tensor], data: tuple | None
+) -> torch.Tensor:
+    """||grad F_i||, F_i the task loss over the client's training `data` (x, y) as it trained on
+    them (no augmentation), summed over chunks weighted by their share of the samples; NaN
+    without data."""
     if data is None or len(data[1]) == 0:
         return torch.full((), float("nan"), device=params[0].device)
     x, y = data

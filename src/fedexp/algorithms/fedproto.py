@@ -24,16 +24,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call
 
 from fedexp.core.algorithm import Algorithm, BuildContext
 from fedexp.core.client import ClientModule
-from fedexp.core.flat import flat_params, load_flat
-from fedexp.core.local import ClientConfig, LocalTraining
+from fedexp.core.cohort import CohortStart, CohortTraining, flat_rows, resident
+from fedexp.core.flat import flat_params, load_flat, named_views
+from fedexp.core.local import ClientConfig
 from fedexp.core.seeding import INIT, client_arch, derive_seed
 from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext, ServerState
 from fedexp.core.user_module import check_head_body
@@ -53,11 +56,15 @@ class Prototypes(Message):
         present = int((self.counts > 0).sum())
         return present * (self.protos.shape[1] + 1) * FLOAT_BITS
 
+    def cohort_bits(self, size: int) -> int:
+        present = int((self.counts > 0).sum())  # over every client's rows
+        return present * (self.protos.shape[-1] + 1) * FLOAT_BITS
+
 
 class ProtoModule(ClientModule):
     """CE of the model plus ld times the distance of f(x) to its class's global prototype."""
 
-    per_client_state = ("protos", "proto_mask")  # set by client_begin
+    per_client_state = ("protos", "proto_mask")  # given by begin
 
     uses_task_loss = False  # the objective needs the body's output
 
@@ -84,12 +91,23 @@ class ProtoModule(ClientModule):
 
 @torch.no_grad()
 def class_prototypes(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int, batch_size: int
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    num_classes: int,
+    batch_size: int,
+    state: Mapping[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(class means [C, d] of body(x) in eval mode, zero where a class is absent; counts [C])."""
+    """(class means [C, d] of body(x) in eval mode, zero where a class is absent; counts [C]).
+    `state`: the model's parameters and buffers to use (by name in `model`; `functional_call`),
+    its own where None."""
+    body = model.body
+    if state is not None:
+        own = {n[len("body.") :]: t for n, t in state.items() if n.startswith("body.")}
+        body = partial(functional_call, model.body, own)
     was_training = model.training
     model.eval()
-    reps = torch.cat([model.body(x[i : i + batch_size]) for i in range(0, len(y), batch_size)])
+    reps = torch.cat([body(x[i : i + batch_size]) for i in range(0, len(y), batch_size)])
     model.train(was_training)
     counts = torch.bincount(y, minlength=num_classes).to(reps.dtype)
     sums = torch.zeros(num_classes, reps.shape[1], dtype=reps.dtype, device=reps.device)
@@ -187,17 +205,40 @@ class FedProto(Algorithm):
     def client_module(self, client_id: int) -> ClientModule:
         return self.modules[self.archs[client_id]]
 
-    def client_begin(self, module: ProtoModule, client_id: int, payload: Prototypes) -> None:
-        load_flat(module.model_params(), self.client_params(client_id))
-        module.protos, module.proto_mask = payload.protos, payload.counts
+    def begin(self, module: ProtoModule, client_ids, payloads, stats) -> CohortStart:
+        """Each client's own parameters (stored, or its initial ones) stacked; the module's
+        buffers; the received prototypes and mask, once for every client where all of them got
+        the same."""
+        rows = torch.stack([self.client_params(c) for c in client_ids])
+        own = named_views(rows, module.model, module.model_params())
+        start = CohortStart(resident(module, len(rows), {f"model.{n}": t for n, t in own.items()}))
+        first = payloads[0]
+        if all(p is first for p in payloads):
+            start.shared.update(protos=first.protos, proto_mask=first.counts)
+        else:
+            start.attrs["protos"] = torch.stack([p.protos for p in payloads])
+            start.attrs["proto_mask"] = torch.stack([p.counts for p in payloads])
+        return start
 
-    def client_end(
-        self, module: ProtoModule, client_id: int, payload: Prototypes, training: LocalTraining
+    def end(
+        self,
+        module: ProtoModule,
+        payloads: Sequence[Message],
+        params: Mapping[str, torch.Tensor],
+        training: CohortTraining,
     ) -> Message:
-        self.store.put(client_id, flat_params(module.model_params()))
-        x, y = module.local_data
-        c = self.ctx.data.num_classes
-        return Prototypes(*class_prototypes(module.model, x, y, c, self.ctx.client.batch_size))
+        """Store each client's trained parameters; upload the class prototypes of its trained
+        model on the data it trained on."""
+        self.store.scatter(training.client_ids, flat_rows(module, params, module.model_params()))
+        c, size = self.ctx.data.num_classes, self.ctx.client.batch_size
+        model = {n[len("model.") :]: t for n, t in params.items() if n.startswith("model.")}
+        protos, counts = [], []
+        for i, (x, y) in enumerate(training.data):
+            state = {n: t[i] for n, t in model.items()}
+            p, k = class_prototypes(module.model, x, y, c, size, state)
+            protos.append(p)
+            counts.append(k)
+        return Prototypes(torch.stack(protos), torch.stack(counts))
 
     # ---- evaluation ----------------------------------------------------------------------------
     def personal_model(self, state: ServerState, client_id: int) -> nn.Module | None:

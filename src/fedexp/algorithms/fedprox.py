@@ -10,13 +10,13 @@ from fedexp.core.algorithm import BuildContext
 from fedexp.core.client import ClientModule
 from fedexp.core.cohort import CohortStart
 from fedexp.core.local import ClientConfig
-from fedexp.core.types import ConfigError, Message
+from fedexp.core.types import ConfigError
 
 
 class ProxModule(ClientModule):
     """Task loss plus the proximal term towards the round's global weights."""
 
-    per_client_state = ("anchor",)  # set by client_begin
+    per_client_state = ("anchor",)  # given by begin
 
     def __init__(self, model: nn.Module, client: ClientConfig, mu: float):
         super().__init__(model, client)
@@ -38,18 +38,16 @@ class FedProx(FedAvg):
     def make_module(self, model: nn.Module) -> ClientModule:
         return ProxModule(model, self.ctx.client, self.mu)
 
-    def client_begin(self, module: ProxModule, client_id: int, payload: Message) -> None:
-        super().client_begin(module, client_id, payload)
-        module.anchor = [p.detach().clone() for p in module.model.parameters()]
-
-    def cohort_begin(self, module: ProxModule, client_ids, payloads) -> CohortStart | None:
-        """Every client's anchor is the broadcast weights (all of the model's parameters)."""
-        if not self.batched_hooks(FedProx) or self.__dict__.get("_round_stats") is not None:
-            return None
-        if len(self.shared(module.model)) != len(list(module.model.parameters())):
-            return None
+    def begin(self, module: ProxModule, client_ids, payloads, stats) -> CohortStart:
+        """Every client's anchor is its starting weights: the broadcast, once for every client
+        where all of the model's parameters travel."""
+        start = super().begin(module, client_ids, payloads, stats)
         vector = payload_rows(payloads)
-        anchor = self.payload_views(module, vector)
-        start = CohortStart(self.cohort_params(module, payloads))
-        (start.shared if vector.dim() == 1 else start.attrs)["anchor"] = anchor
+        if vector.dim() == 1 and len(self.shared(module.model)) == len(
+            list(module.model.parameters())
+        ):
+            start.shared["anchor"] = self.payload_views(module, vector)
+        else:
+            names = [f"model.{n}" for n, _ in module.model.named_parameters()]
+            start.attrs["anchor"] = [start.params[n] for n in names]
         return start

@@ -24,7 +24,7 @@ from fedexp.core.algorithm import BuildContext, PersonalBatch
 from fedexp.core.client import ClientModule, Phase
 from fedexp.core.cohort import CohortStart, flat_rows
 from fedexp.core.flat import flat_params, load_flat, named_views
-from fedexp.core.local import ClientConfig, LocalTraining
+from fedexp.core.local import ClientConfig
 from fedexp.core.types import ConfigError, Message, ServerState
 from fedexp.core.user_module import check_head_body
 
@@ -144,28 +144,16 @@ class FedRep(FedAvg):
     def _head(self, client_id: int):
         return self.store.get(client_id, self._initial_head)
 
-    def client_begin(self, module: ClientModule, client_id: int, payload: Message) -> None:
-        super().client_begin(module, client_id, payload)
-        load_flat(list(module.model.head.parameters()), self._head(client_id))
-
-    def client_end(
-        self, module: ClientModule, client_id: int, payload: Message, training: LocalTraining
-    ) -> Message:
-        self.store.put(client_id, flat_params(list(module.model.head.parameters())))
-        return super().client_end(module, client_id, payload, training)
-
-    def cohort_begin(self, module: ClientModule, client_ids, payloads) -> CohortStart | None:
+    def begin(self, module: ClientModule, client_ids, payloads, stats) -> CohortStart:
         """The global body for every client; each client's head from the store, stacked."""
-        if not self.batched_hooks(FedRep) or self.__dict__.get("_round_stats") is not None:
-            return None
         heads = self.store.gather(client_ids, self._initial_head)
         own = named_views(heads, module, list(module.model.head.parameters()))
-        return CohortStart(self.cohort_params(module, payloads, own))
+        return self.cohort_start(module, payloads, stats, own)
 
-    def cohort_end(self, module: ClientModule, payloads, params, training) -> Message:
+    def end(self, module: ClientModule, payloads, params, training) -> Message:
         heads = flat_rows(module, params, list(module.model.head.parameters()))
         self.store.scatter(training.client_ids, heads)
-        return super().cohort_end(module, payloads, params, training)
+        return super().end(module, payloads, params, training)
 
     def global_model(self, state: ServerState) -> nn.Module | None:
         return None

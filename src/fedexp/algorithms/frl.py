@@ -27,8 +27,8 @@ from torch import nn
 
 from fedexp.core.algorithm import Algorithm, BuildContext
 from fedexp.core.client import ClientModule, Phase, make_optimizer
-from fedexp.core.cohort import CohortStart, stacked_field
-from fedexp.core.local import ClientConfig, LocalTraining
+from fedexp.core.cohort import CohortStart
+from fedexp.core.local import ClientConfig
 from fedexp.core.seeding import INIT, derive_seed
 from fedexp.core.types import ClientResult, ConfigError, Message, Ranking, RoundContext, ServerState
 from fedexp.models.supermask import (
@@ -189,7 +189,7 @@ class FRL(Algorithm):
         bad = ctx.num_malicious
         old = state.buffers["global_ranking"]
         new = [
-            self.ctx.aggregator(stacked_field(results, "layers", i), votes, bad)
+            self.ctx.aggregator(results.upload_rows("layers", i), votes, bad)
             for i in range(len(old))
         ]
         metrics = {"frl/mask_change": self.mask_change(old, new, state)}
@@ -215,42 +215,27 @@ class FRL(Algorithm):
     def client_module(self, client_id: int) -> ClientModule:
         return self.module
 
-    def client_begin(self, module: ClientModule, client_id: int, payload: Message) -> None:
-        for layer, edge_ranking, s0 in zip(
-            supermask_layers(module.model), payload.layers, self.client_s0
-        ):
-            write_ranking(layer.scores, edge_ranking, s0)
-
-    def client_end(
-        self, module: ClientModule, client_id: int, payload: Message, training: LocalTraining
-    ) -> Message:
-        layers = supermask_layers(module.model)
-        return Ranking(tuple(ranking(layer.scores, self.rank_key) for layer in layers))
-
-    # ---- the cohort at once -----------------------------------------------------------------
-    def cohort_begin(self, module: ClientModule, client_ids, payloads) -> CohortStart | None:
-        """Every client writes S0 along the same global ranking: one set of scores, shared."""
-        if not self.batched_hooks(FRL):
-            return None
-        first = payloads[0]
-        if any(p is not first for p in payloads):
-            return None
+    def begin(self, module: ClientModule, client_ids, payloads, stats) -> CohortStart:
+        """Each client writes S0 along the global ranking it received (one set of scores,
+        shared, where every client received the same)."""
         count = len(client_ids)
         names = {id(p): n for n, p in module.named_parameters()}
+        same = all(p is payloads[0] for p in payloads)
         params = {}
-        for layer, edge_ranking, s0 in zip(
-            supermask_layers(module.model), first.layers, self.client_s0
-        ):
-            scores = torch.empty_like(layer.scores).view(-1).index_put((edge_ranking,), s0)
-            params[names[id(layer.scores)]] = scores.view(layer.scores.shape).expand(
-                count, *layer.scores.shape
-            )
+        for k, (layer, s0) in enumerate(zip(supermask_layers(module.model), self.client_s0)):
+            shape = layer.scores.shape
+            rows = [
+                torch.empty_like(layer.scores).view(-1).index_put((p.layers[k],), s0).view(shape)
+                for p in (payloads[:1] if same else payloads)
+            ]
+            scores = rows[0].expand(count, *shape) if same else torch.stack(rows)
+            params[names[id(layer.scores)]] = scores
         for n, t in [*module.named_parameters(), *module.named_buffers()]:
             if n not in params:
                 params[n] = t.detach().expand(count, *t.shape)
         return CohortStart(params)
 
-    def cohort_end(self, module: ClientModule, payloads, params, training) -> Message:
+    def end(self, module: ClientModule, payloads, params, training) -> Message:
         names = {id(p): n for n, p in module.named_parameters()}
         return Ranking(
             tuple(

@@ -17,10 +17,15 @@ from torch import nn
 
 from fedexp.core.algorithm import Algorithm, BuildContext
 from fedexp.core.client import ClientModule
-from fedexp.core.local import LocalTraining
+from fedexp.core.cohort import CohortStart, resident
 from fedexp.core.seeding import INIT, derive_seed
 from fedexp.core.types import ClientResult, Message, Nothing, RoundContext, ServerState
-from fedexp.models.running_stats import load_model_state, model_state
+from fedexp.models.running_stats import (
+    load_model_state,
+    model_state,
+    state_of_rows,
+    state_rows,
+)
 
 
 class Local(Algorithm):
@@ -62,13 +67,14 @@ class Local(Algorithm):
     def client_module(self, client_id: int) -> ClientModule:
         return self.module
 
-    def client_begin(self, module: ClientModule, client_id: int, payload: Message) -> None:
-        load_model_state(module.model, self.store.get(client_id, self._initial))
+    def begin(self, module: ClientModule, client_ids, payloads, stats) -> CohortStart:
+        """Each client's own model (parameters and running statistics) from the store."""
+        rows = self.store.gather(client_ids, self._initial)
+        own = state_rows(module.model, rows, prefix="model.")
+        return CohortStart(resident(module, len(client_ids), own))
 
-    def client_end(
-        self, module: ClientModule, client_id: int, payload: Message, training: LocalTraining
-    ) -> Message:
-        self.store.put(client_id, model_state(module.model))
+    def end(self, module: ClientModule, payloads, params, training) -> Message:
+        self.store.scatter(training.client_ids, state_of_rows(module.model, params, "model."))
         return Nothing()
 
     # ---- evaluation ----------------------------------------------------------------------------

@@ -21,18 +21,19 @@ holds the same number of training samples.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import nn
+from torch.func import functional_call
 
 from fedexp.aggregators import aggregator_name
 from fedexp.aggregators.mean import weighted_mean
 from fedexp.algorithms.fedavg import FedAvg
 from fedexp.core.algorithm import BuildContext
 from fedexp.core.client import ClientModule
-from fedexp.core.flat import flat_delta
-from fedexp.core.local import LocalTraining
+from fedexp.core.cohort import CohortStart, CohortTraining
 from fedexp.core.types import (
     ClientResult,
     ConfigError,
@@ -48,11 +49,12 @@ LOSS_EPS = 1e-10  # the reference code's offset of F_k before F_k^q and F_k^(q-1
 
 @dataclass(frozen=True)
 class QfflUpload(VectorMessage):
-    """The client's delta w_bar_k - w and its loss F_k(w) at the start of local training."""
+    """The client's delta w_bar_k - w and its loss F_k(w) at the start of local training
+    (stacked over a cohort: delta [C, d], loss [C])."""
 
     vector_field = "delta"
     delta: torch.Tensor
-    loss: torch.Tensor  # 0-d
+    loss: torch.Tensor  # 0-d (one client's)
 
     def num_bits(self) -> int:
         return (self.delta.numel() + 1) * FLOAT_BITS
@@ -88,45 +90,75 @@ class QFedAvg(FedAvg):
             )
         self.q = float(q)
         self.lipschitz = 1.0 / ctx.client.lr  # the reference code's L
-        self._start_loss: dict[int, torch.Tensor] = {}  # F_k of this round's clients
         super().__init__(ctx, weighting="uniform", server_lr=1.0, server_momentum=0.0)
 
-    # ---- client --------------------------------------------------------------------------------
+    # ---- client: one cohort -------------------------------------------------------------------
+    def begin(self, module: ClientModule, client_ids, payloads, stats) -> CohortStart:
+        """FedAvg's start; the broadcast running statistics also as the module's `start_stats`
+        (the start point `end` measures F_k at)."""
+        start = super().begin(module, client_ids, payloads, stats)
+        start.shared["start_stats"] = stats
+        return start
+
+    def end(
+        self,
+        module: ClientModule,
+        payloads: Sequence[Message],
+        params: Mapping[str, torch.Tensor],
+        training: CohortTraining,
+    ) -> Message:
+        """FedAvg's deltas with each client's F_k(w), measured at the received model (the
+        payload's weights and the broadcast statistics) on the data it trained on."""
+        delta = super().end(module, payloads, params, training).vector
+        start = self.cohort_params(module, payloads, getattr(module, "start_stats", None))
+        losses = [
+            self.start_loss(module, {n: t[i] for n, t in start.items()}, x, y)
+            for i, (x, y) in enumerate(training.data)
+        ]
+        return QfflUpload(delta, torch.stack(losses))
+
     @torch.no_grad()
-    def start_loss(self, module: ClientModule, client_id: int) -> torch.Tensor:
-        """F_k(w): the mean task loss of the received model over the client's training data."""
-        x, y = module.local_data
+    def start_loss(
+        self, module: ClientModule, start: Mapping[str, torch.Tensor], x, y
+    ) -> torch.Tensor:
+        """F_k(w): the mean task loss over (x, y) of the module with the parameters and buffers
+        `start` (by name), in eval mode; the module's own tensors are left as they are."""
         if len(y) == 0:
             return torch.zeros((), device=self.device)
         was_training = module.training
         module.eval()
+        task = _TaskLoss(module)
+        state = {f"inner.{n}": t for n, t in start.items()}
         total = torch.zeros((), device=x.device, dtype=torch.float64)
         size = self.ctx.client.batch_size
-        for start in range(0, len(y), size):
-            xb, yb = x[start : start + size], y[start : start + size]
-            total += module.task_loss((xb, yb), 0).double() * len(yb)
+        for at in range(0, len(y), size):
+            xb, yb = x[at : at + size], y[at : at + size]
+            total += functional_call(task, state, ((xb, yb),)).double() * len(yb)
         module.train(was_training)
+        module.log_capture.take_step()  # what a model's own training_step logged: not training
         return (total / len(y)).float()
-
-    def client_begin(self, module: ClientModule, client_id: int, payload: Message) -> None:
-        super().client_begin(module, client_id, payload)
-        self._start_loss[client_id] = self.start_loss(module, client_id)
-
-    def client_end(
-        self, module: ClientModule, client_id: int, payload: Message, training: LocalTraining
-    ) -> Message:
-        delta = flat_delta(self.shared(module.model), payload.vector)
-        return QfflUpload(delta, self._start_loss.pop(client_id))
 
     # ---- server --------------------------------------------------------------------------------
     def aggregate(
         self, state: ServerState, results: Sequence[ClientResult], ctx: RoundContext
     ) -> tuple[ServerState, dict[str, float]]:
         deltas = self.stack_uploads(results)
-        losses = torch.stack([r.upload.loss for r in results]).to(deltas.device)
+        losses = results.upload_rows("loss").to(deltas.device)
         step = qffl_step(deltas, losses, self.q, self.lipschitz)
         metrics = {"qffl/start_loss_mean": float(losses.mean())}
         if len(results) > 1:
             metrics["qffl/start_loss_var"] = float(losses.var(unbiased=False))
         new = ServerState(state.params + step, dict(state.buffers))
         return self.with_averaged_stats(new, results), metrics
+
+
+class _TaskLoss(nn.Module):
+    """A client module's `task_loss` as the forward, so `functional_call` can swap the
+    parameters in."""
+
+    def __init__(self, inner: ClientModule):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, batch) -> torch.Tensor:
+        return self.inner.task_loss(batch, 0)

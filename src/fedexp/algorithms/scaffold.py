@@ -36,9 +36,8 @@ from torch import nn
 
 from fedexp.algorithms.fedavg import FedAvg, payload_rows
 from fedexp.core.client import ClientModule
-from fedexp.core.cohort import CohortStart, stacked_field
-from fedexp.core.flat import flat_delta
-from fedexp.core.local import ClientConfig, LocalTraining
+from fedexp.core.cohort import CohortStart
+from fedexp.core.local import ClientConfig
 from fedexp.core.types import (
     ClientResult,
     ConfigError,
@@ -79,7 +78,7 @@ class ScaffoldUpload(VectorMessage):
 class ScaffoldModule(ClientModule):
     """Task loss plus <y, c - c_i>: its gradient adds the correction c - c_i to every step's."""
 
-    per_client_state = ("correction",)  # set by client_begin
+    per_client_state = ("correction",)  # given by begin
 
     def __init__(self, model: nn.Module, client: ClientConfig):
         super().__init__(model, client)
@@ -116,38 +115,24 @@ class Scaffold(FedAvg):
         self, state: ServerState, results: Sequence[ClientResult], ctx: RoundContext
     ) -> tuple[ServerState, dict[str, float]]:
         new, metrics = super().aggregate(state, results, ctx)
-        deltas = stacked_field(results, "control_delta")
+        deltas = results.upload_rows("control_delta")
         new.buffers[CONTROL] = state.buffers[CONTROL] + deltas.sum(0) / self.ctx.data.num_clients
         return new, metrics
 
-    # ---- client --------------------------------------------------------------------------------
-    def _control(self, client_id: int, like: torch.Tensor) -> torch.Tensor:
-        return self.store.get(client_id, torch.zeros_like(like))
+    # ---- client: one cohort -------------------------------------------------------------------
+    def _controls(self, client_ids, payloads) -> torch.Tensor:
+        """The clients' control variates c_i [C, d] (zero for a client that has none yet)."""
+        return self.store.gather(client_ids, torch.zeros_like(payloads[0].control))
 
-    def client_begin(self, module: ScaffoldModule, client_id: int, payload: Message) -> None:
-        super().client_begin(module, client_id, payload)
-        correction = payload.control - self._control(client_id, payload.control)
-        params = self.shared(module.model)
-        pieces = correction.split([p.numel() for p in params])
-        module.correction = [c.view_as(p) for c, p in zip(pieces, params)]
-
-    # ---- the cohort at once -----------------------------------------------------------------
-    def cohort_begin(self, module: ScaffoldModule, client_ids, payloads) -> CohortStart | None:
-        if not self.batched_hooks(Scaffold) or self.__dict__.get("_round_stats") is not None:
-            return None
-        control = payloads[0].control
-        if any(p.control is not control for p in payloads):
-            return None
-        self._cohort_controls = self.store.gather(client_ids, torch.zeros_like(control))
-        correction = control - self._cohort_controls  # [C, d]: c - c_i
-        start = CohortStart(self.cohort_params(module, payloads))
+    def begin(self, module: ScaffoldModule, client_ids, payloads, stats) -> CohortStart:
+        start = super().begin(module, client_ids, payloads, stats)
+        correction = control_rows(payloads) - self._controls(client_ids, payloads)  # c - c_i
         start.attrs["correction"] = self.payload_views(module, correction)
         return start
 
-    def cohort_end(self, module, payloads, params, training) -> Message:
+    def end(self, module, payloads, params, training) -> Message:
         delta = self.cohort_flat(module, params) - payload_rows(payloads)  # y_i - x
-        c_i, control = self._cohort_controls, payloads[0].control
-        del self._cohort_controls
+        c_i, control = self._controls(training.client_ids, payloads), control_rows(payloads)
         lr = training.lr
         if lr is None:
             raise ConfigError(
@@ -166,19 +151,10 @@ class Scaffold(FedAvg):
             self.store.scatter(trained, c_new[rows])
         return ScaffoldUpload(delta, c_new - c_i)
 
-    def client_end(
-        self, module: ScaffoldModule, client_id: int, payload: Message, training: LocalTraining
-    ) -> Message:
-        delta = flat_delta(self.shared(module.model), payload.vector)  # y_i - x
-        c_i = self._control(client_id, payload.control)
-        if training.steps == 0:  # no local step: nothing learned about the drift
-            return ScaffoldUpload(delta, torch.zeros_like(c_i))
-        lr = training.lr
-        if lr is None:
-            raise ConfigError(
-                "client.optimizer: SCAFFOLD's control variates need one local learning rate, "
-                f"got per-group rates {[p.lrs for p in training.phases]}"
-            )
-        c_new = c_i - payload.control - delta / (training.steps * lr)
-        self.store.put(client_id, c_new)
-        return ScaffoldUpload(delta, c_new - c_i)
+
+def control_rows(payloads) -> torch.Tensor:
+    """The payloads' server control variate: [d] where every client got the same, else [C, d]."""
+    first = payloads[0].control
+    if all(p.control is first for p in payloads):
+        return first
+    return torch.stack([p.control for p in payloads])

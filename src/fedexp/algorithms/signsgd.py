@@ -13,11 +13,10 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from fedexp.algorithms.fedavg import FedAvg
+from fedexp.algorithms.fedavg import FedAvg, payload_rows
 from fedexp.core.algorithm import BuildContext
 from fedexp.core.client import ClientModule
-from fedexp.core.flat import flat_delta, load_flat
-from fedexp.core.local import LocalTraining
+from fedexp.core.flat import load_flat
 from fedexp.core.types import ClientResult, Message, RoundContext, ServerState, Signs
 
 
@@ -50,10 +49,8 @@ class SignSGD(FedAvg):
         new = ServerState(state.params + self.server_lr * direction, state.buffers)
         return self.with_averaged_stats(new, results), metrics
 
-    def client_end(
-        self, module: ClientModule, client_id: int, payload: Message, training: LocalTraining
-    ) -> Message:
-        return Signs(to_signs(flat_delta(self.shared(module.model), payload.vector)))
+    def end(self, module: ClientModule, payloads, params, training) -> Message:
+        return Signs(to_signs(self.cohort_flat(module, params) - payload_rows(payloads)))
 
     def eavesdropped_model(self, payload: Message, upload: Message) -> nn.Module | None:
         """w + server_lr * sign(Δ_u): the model the server would step to were this client the only

@@ -13,11 +13,11 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from fedexp.algorithms.fedavg import FedAvg
+from fedexp.algorithms.fedavg import FedAvg, payload_rows
 from fedexp.core.algorithm import BuildContext
 from fedexp.core.client import ClientModule
-from fedexp.core.flat import flat_delta, load_flat
-from fedexp.core.local import LocalTraining
+from fedexp.core.cohort import stack_messages
+from fedexp.core.flat import load_flat
 from fedexp.core.types import ClientResult, ConfigError, Message, SparseDelta
 
 
@@ -51,17 +51,22 @@ class TopK(FedAvg):
     def stack_uploads(self, results: Sequence[ClientResult]) -> torch.Tensor:
         return torch.stack([r.upload.dense() for r in results])
 
-    def client_end(
-        self, module: ClientModule, client_id: int, payload: Message, training: LocalTraining
-    ) -> Message:
-        update = flat_delta(self.shared(module.model), payload.vector)
+    def end(self, module: ClientModule, payloads, params, training) -> Message:
+        """Each client's top coordinates of its update (plus, with error feedback, what it did
+        not send before), chosen row by row."""
+        ids = training.client_ids
+        update = self.cohort_flat(module, params) - payload_rows(payloads)
         if self.error_feedback:
-            residual = self.store.get(client_id)
-            update = update if residual is None else update + residual
-        sparse = top_fraction(update, self.fraction)
+            kept = [c in self.store for c in ids]
+            if any(kept):  # a client without a residual adds zeros
+                update = update + self.store.gather(ids, torch.zeros_like(update[0]))
+        sparse = [top_fraction(row, self.fraction) for row in update]
         if self.error_feedback:
-            self.store.put(client_id, update.index_fill(0, sparse.indices, 0.0))
-        return sparse
+            residual = torch.stack(
+                [row.index_fill(0, s.indices, 0.0) for row, s in zip(update, sparse)]
+            )
+            self.store.scatter(ids, residual)
+        return stack_messages(sparse)
 
     def eavesdropped_model(self, payload: Message, upload: Message) -> nn.Module | None:
         """The broadcast weights plus the densified upload. With error feedback the upload holds

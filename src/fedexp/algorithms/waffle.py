@@ -37,7 +37,7 @@ from fedexp.core.algorithm import BuildContext
 from fedexp.core.client import ClientModule, JointOptimizer, Phase, build_optimizer
 from fedexp.core.cohort import CohortStart, flat_rows
 from fedexp.core.flat import flat_params, load_flat, named_views
-from fedexp.core.local import ClientConfig, LocalTraining
+from fedexp.core.local import ClientConfig
 from fedexp.core.types import (
     FLOAT_BITS,
     ConfigError,
@@ -74,7 +74,7 @@ class DictionaryPayload(VectorMessage):
 class WaffleModule(ClientModule):
     """Negative ELBO of one client: data term over MC samples of (v, b) plus the scaled KL."""
 
-    per_client_state = ("temperature", "num_train")  # set by client_begin
+    per_client_state = ("temperature", "num_train")  # given by begin
 
     uses_task_loss = False  # the data term runs the factorized model under sampled masks
 
@@ -215,42 +215,28 @@ class WAFFLe(FedAvg):
         return {cid: payload for cid in ctx.client_ids}
 
     # ---- client ----------------------------------------------------------------------------
-    def client_begin(self, module: WaffleModule, client_id: int, payload: Message) -> None:
-        super().client_begin(module, client_id, payload)
-        variational = self.store.get(client_id, self.prior_variational)
-        load_flat(list(module.posterior.parameters()), variational)
-        module.temperature = payload.temperature
-        # an id outside the federation (an auditor's shadow client) gets the mean client size
-        inside = 0 <= client_id < self.ctx.data.num_clients
-        module.num_train = self.ctx.data.num_train(client_id) if inside else self.mean_client_size
-
-    def client_end(
-        self, module: WaffleModule, client_id: int, payload: Message, training: LocalTraining
-    ) -> Message:
-        self.store.put(client_id, flat_params(list(module.posterior.parameters())))
-        # the dictionary's change only
-        return super().client_end(module, client_id, payload, training)
-
-    def cohort_begin(self, module: WaffleModule, client_ids, payloads) -> CohortStart | None:
-        """The global dictionary for every client; each client's {π̃, c, d} from the store."""
-        if not self.batched_hooks(WAFFLe) or self.__dict__.get("_round_stats") is not None:
-            return None
-        temperature = payloads[0].temperature
-        inside = all(0 <= c < self.ctx.data.num_clients for c in client_ids)
-        if not inside or any(p.temperature != temperature for p in payloads):
-            return None
+    def begin(self, module: WaffleModule, client_ids, payloads, stats) -> CohortStart:
+        """The global dictionary for every client; each client's {π̃, c, d} from the store; its
+        size (an id outside the federation, an auditor's shadow client, gets the mean size)."""
         variational = self.store.gather(client_ids, self.prior_variational)
         own = named_views(variational, module, list(module.posterior.parameters()))
-        start = CohortStart(self.cohort_params(module, payloads, own))
-        start.shared["temperature"] = temperature
-        sizes = [self.ctx.data.num_train(c) for c in client_ids]
-        start.attrs["num_train"] = torch.tensor(sizes, device=self.device)
+        start = self.cohort_start(module, payloads, stats, own)
+        inside = self.ctx.data.num_clients
+        sizes = [self.ctx.data.num_train(c) if 0 <= c < inside else self.mean_client_size
+                 for c in client_ids]  # fmt: skip
+        temperatures = [p.temperature for p in payloads]
+        for name, values in (("temperature", temperatures), ("num_train", sizes)):
+            if all(v == values[0] for v in values):  # one number for every client
+                start.shared[name] = values[0]
+            else:
+                start.attrs[name] = torch.tensor(values, device=self.device)
         return start
 
-    def cohort_end(self, module: WaffleModule, payloads, params, training) -> Message:
+    def end(self, module: WaffleModule, payloads, params, training) -> Message:
+        """Each client keeps its posterior; the dictionary's change travels."""
         posterior = flat_rows(module, params, list(module.posterior.parameters()))
         self.store.scatter(training.client_ids, posterior)
-        return super().cohort_end(module, payloads, params, training)
+        return super().end(module, payloads, params, training)
 
     # ---- evaluation ------------------------------------------------------------------------
     def load_posterior(self, variational: torch.Tensor) -> IBPPosterior:

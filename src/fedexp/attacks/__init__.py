@@ -23,14 +23,13 @@ the upload carries none of them.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
-from fedexp.core.cohort import is_cohort
+from fedexp.core.cohort import RoundResults
 from fedexp.core.seeding import derive_seed
 from fedexp.core.types import (
     ClientResult,
@@ -104,13 +103,13 @@ class NoAttack:
 
     def apply(
         self,
-        results: Sequence[ClientResult],
+        results: RoundResults,
         ctx: RoundContext,
         state: ServerState | None = None,
-    ) -> Sequence[ClientResult]:
+    ) -> RoundResults:
         """The round's results after the attack; `state` is the server state the round started
         from (what its clients trained from; None where the caller has none)."""
-        return results if is_cohort(results) else list(results)
+        return results
 
     def round_metrics(self, results: Sequence[ClientResult]) -> dict[str, float]:
         """`attack/*` metrics of the round (after `apply`), logged next to the accuracy."""
@@ -181,19 +180,15 @@ class Attack(NoAttack):
 
     def apply(
         self,
-        results: Sequence[ClientResult],
+        results: RoundResults,
         ctx: RoundContext,
         state: ServerState | None = None,
-    ) -> Sequence[ClientResult]:
-        ids = results.client_ids if is_cohort(results) else [r.client_id for r in results]
-        positions = [i for i, cid in enumerate(ids) if cid in self.malicious]
+    ) -> RoundResults:
+        positions = [i for i, cid in enumerate(results.client_ids) if cid in self.malicious]
         if not positions:
-            return results if is_cohort(results) else list(results)
-        out = list(results)
-        uploads = self.corrupt(out, positions, ctx, state)
-        for i, upload in zip(positions, uploads):
-            out[i] = dataclasses.replace(out[i], upload=upload, malicious=True)
-        return out
+            return results
+        uploads = self.corrupt(list(results), positions, ctx, state)
+        return results.with_uploads(positions, uploads)
 
     def corrupt(
         self,
@@ -214,7 +209,7 @@ class Attack(NoAttack):
         the cohort is malicious (the vote of FRL, the mean of FedAvg, ... are then the
         attackers'; `redraw_majority` re-draws such a cohort), else 0."""
         metrics = super().round_metrics(results)
-        ids = results.client_ids if is_cohort(results) else [r.client_id for r in results]
+        ids = results.client_ids
         bad = sum(1 for c in ids if c in self.malicious)
         majority = bool(ids) and 2 * bad >= len(ids)
         self.majority_rounds += majority

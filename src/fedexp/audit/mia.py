@@ -186,7 +186,7 @@ class MembershipInferenceAudit:
     ) -> dict[str, float]:
         data = self.ctx.data
         ctx = RoundContext(round_idx + 1, (*targets, *shadows), self.ctx.seed)
-        algorithm.broadcast_stats(state)  # as the round loop does before configure_round
+        stats = algorithm.broadcast_stats(state)  # beside the payloads, as the round loop sends
         payloads = algorithm.configure_round(state, ctx)
         # each shadow starts where its target does (before the targets train below)
         mimics: dict[int, int] = {}
@@ -199,7 +199,7 @@ class MembershipInferenceAudit:
         target_features = []
         for t, cid in enumerate(targets):
             x, y = data.train(cid)
-            model = self.rebuilt(algorithm, cid, payloads[cid], x, y, round_idx)
+            model = self.rebuilt(algorithm, cid, payloads[cid], stats, x, y, round_idx)
             if model is None:
                 log.info(
                     "privacy=mia: %s rebuilds no model from an upload; no audit",
@@ -218,11 +218,13 @@ class MembershipInferenceAudit:
         per_target, shared = [], None
         for t, y, members, non_members in target_features:
             if self.shadow_data == "target":
-                attack = self.train_attack(algorithm, payloads, rng, t, y, round_idx)
+                attack = self.train_attack(algorithm, payloads, stats, rng, t, y, round_idx)
             else:
                 if shared is None:
                     size = int(np.mean([data.num_train(c) for c in targets]))
-                    shared = self.train_attack(algorithm, payloads, rng, t, None, round_idx, size)
+                    shared = self.train_attack(
+                        algorithm, payloads, stats, rng, t, None, round_idx, size
+                    )
                 attack = shared
             if attack is None:
                 continue
@@ -238,7 +240,7 @@ class MembershipInferenceAudit:
         return {key: float(np.mean([r[key] for r in per_target])) for key in METRICS}
 
     def train_attack(
-        self, algorithm, payloads, rng, target_index: int, like_y, round_idx: int, size: int = 0
+        self, algorithm, payloads, stats, rng, target_index: int, like_y, round_idx: int, size=0
     ):
         """Train the shadows of one target (in / out sets with the label histogram of `like_y`,
         or uniform draws of `size` from the pool where `like_y` is None) and fit the attack on
@@ -257,21 +259,25 @@ class MembershipInferenceAudit:
                 log.warning("privacy=mia: the pool holds too few samples of the target's labels")
                 return None
             i, o = (torch.as_tensor(v, device=pool_y.device) for v in (i, o))
-            model = self.rebuilt(algorithm, sid, payloads[sid], pool_x[i], pool_y[i], round_idx)
+            model = self.rebuilt(
+                algorithm, sid, payloads[sid], stats, pool_x[i], pool_y[i], round_idx
+            )
             ins.append(attack_features(model, pool_x[i], pool_y[i]))
             outs.append(attack_features(model, pool_x[o], pool_y[o]))
         ins, outs = np.concatenate(ins), np.concatenate(outs)
         return fit_attack(ins, outs, self.attack_model, self.ctx.seed)
 
     def rebuilt(
-        self, algorithm, client_id: int, payload: Message, x, y, round_idx: int
+        self, algorithm, client_id: int, payload: Message, stats, x, y, round_idx: int
     ) -> nn.Module | None:
         """Run one client's local training on (x, y) and rebuild what an eavesdropper sees
         (None where it rebuilds nothing)."""
         global_seed = derive_seed(self.ctx.seed, MIA_STREAM, round_idx, client_id, 1)
         generator = client_generator(derive_seed(self.ctx.seed, MIA_STREAM), round_idx, client_id)
         transform = self.ctx.data.batch_transform
-        result = run_client(algorithm, client_id, payload, x, y, global_seed, generator, transform)
+        result = run_client(
+            algorithm, client_id, payload, stats, x, y, global_seed, generator, transform
+        )[0]
         model = algorithm.eavesdropped_model(payload, result.upload)
         if model is not None:  # the statistics travel beside the upload, where they travel
             algorithm.load_stats(model, result.stats)

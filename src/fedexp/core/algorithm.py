@@ -15,7 +15,7 @@ from torch import nn
 from fedexp.core.client import ClientModule
 from fedexp.core.client_store import ClientStore
 from fedexp.core.cohort import CohortStart, CohortTraining
-from fedexp.core.local import ClientConfig, LocalTraining
+from fedexp.core.local import ClientConfig
 from fedexp.core.types import ClientResult, Message, RoundContext, ServerState
 
 
@@ -55,12 +55,12 @@ class PersonalBatch:
 
 
 class Algorithm:
-    """Base class. Subclasses implement the server half and the client hooks.
+    """Base class. Subclasses implement the server half and the client half.
 
-    Client hooks run inside the executor, around the module's local training:
-    `client_module` -> `client_begin` -> (training) -> `client_end`, in that order for every
-    executor (`fedexp.core.client_loop.begin_client` / `finish_client`); `client_end` is told
-    what the training did (`LocalTraining`: steps, samples, mean loss, learning rates).
+    The client half is written once, for a cohort (`fedexp.core.cohort`): `client_module` ->
+    `begin` (what the cohort starts from, stacked) -> training -> `end` (the trained parameters
+    in, the uploads out, stacked). Every executor calls these three in this order; the
+    sequential one with a cohort of one client (`fedexp.core.client_loop.run_client`).
 
     `upload_type` is the Message class clients upload (None: not declared); the aggregator and
     the attack are checked against it before training.
@@ -97,65 +97,54 @@ class Algorithm:
         of corrupted uploads, for aggregators granted it."""
         raise NotImplementedError
 
-    # ---- client half -------------------------------------------------------------------------
+    # ---- client half: one protocol, shaped for a batch (`fedexp.core.cohort`) -----------------
     def client_module(self, client_id: int) -> ClientModule:
-        """The (resident) module this client trains."""
+        """The (resident) module this client trains; clients given the same module train
+        together on the vectorized executor."""
         raise NotImplementedError
 
-    def client_begin(self, module: ClientModule, client_id: int, payload: Message) -> None:
-        """Load the payload (and the client's stored state) into the module."""
+    def begin(
+        self,
+        module: ClientModule,
+        client_ids: Sequence[int],
+        payloads: Sequence[Message],
+        stats: torch.Tensor | None,
+    ) -> CohortStart:
+        """What a cohort of clients, all training `module`, starts from: every client's
+        parameters and buffers and its per-client inputs (`per_client_state`), stacked [C, ...]
+        in `client_ids` order. `payloads` are what each received; `stats` the running statistics
+        broadcast beside them (`broadcast_stats`), or None. A value, not a side effect: `begin`
+        writes nothing into the module and draws from no random stream. The sequential executor
+        calls it with one client, the vectorized executor with a whole group."""
         raise NotImplementedError
 
-    def client_end(
-        self, module: ClientModule, client_id: int, payload: Message, training: LocalTraining
-    ) -> Message:
-        """Store what stays on the client; return what is uploaded. `training` is what local
-        training did (SCAFFOLD-like control variates need its `steps` and `lr`)."""
-        raise NotImplementedError
-
-    # ---- the whole cohort at once (`fedexp.core.cohort`; the vectorized executor) --------------
-    def cohort_begin(
-        self, module: ClientModule, client_ids: Sequence[int], payloads: Sequence[Message]
-    ) -> CohortStart | None:
-        """The batched `client_begin` of a round's cohort, all training `module`: every
-        client's starting parameters and per-client inputs, stacked in `client_ids` order.
-        None (the default): the executor calls `client_begin` once per client. An algorithm
-        that returns a start implements `cohort_end` too, and its `client_begin` must not draw
-        from torch's global RNG or the client's generator (the batched form is called once,
-        before any client's generator is drawn from)."""
-        return None
-
-    def batched_hooks(self, owner: type) -> bool:
-        """Whether this class's `client_begin`/`client_end` are `owner`'s, whose batched forms
-        `cohort_begin`/`cohort_end` are: a subclass that changes them trains client by client
-        until it gives its own batched forms."""
-        cls = type(self)
-        return cls.client_begin is owner.client_begin and cls.client_end is owner.client_end
-
-    def cohort_end(
+    def end(
         self,
         module: ClientModule,
         payloads: Sequence[Message],
         params: Mapping[str, torch.Tensor],
         training: CohortTraining,
     ) -> Message:
-        """The batched `client_end`: store what stays on the clients from their trained
-        parameters and buffers `params` (name -> [C, *shape]); return the cohort's uploads as
-        one message whose tensor fields are stacked [C, ...] (`fedexp.core.cohort.unstack`
-        gives a client's, equal to what `client_end` returns)."""
+        """After local training: store what stays on the clients from their trained parameters
+        and buffers `params` (name -> [C, ...]; for a cohort of one they may be views of the
+        module's own tensors: copy what is kept) and return the cohort's uploads as one message
+        whose tensor fields are stacked [C, ...] (`fedexp.core.cohort.unstack` gives a client's).
+        `training` says what the training did (steps, samples, learning rates, the data)."""
         raise NotImplementedError
 
     # ---- running statistics (`fedexp.models.running_stats`) -----------------------------------
     def broadcast_stats(self, state: ServerState) -> torch.Tensor | None:
         """The running statistics every client of the round receives besides its payload (the
         global model's BatchNorm statistics), or None (the default: none travel). The round loop
-        calls it before `configure_round` and counts it in comm/down_bits; the round's clients
-        load it in `client_begin`."""
+        calls it before `configure_round`, counts it in comm/down_bits and hands it to `begin`."""
         return None
 
-    def client_stats(self, module: ClientModule) -> torch.Tensor | None:
-        """After local training: the running statistics the client uploads beside its upload
-        (`ClientResult.stats`, counted in comm/up_bits), or None (the default)."""
+    def client_stats(
+        self, module: ClientModule, params: Mapping[str, torch.Tensor]
+    ) -> torch.Tensor | None:
+        """After local training: the running statistics the clients upload beside their uploads,
+        [C, s] from the trained `params` (`RoundResults.stats_rows`, counted in comm/up_bits),
+        or None (the default)."""
         return None
 
     def load_stats(self, model: nn.Module, stats: torch.Tensor | None) -> None:

@@ -118,10 +118,10 @@ class ClientModule(nn.Module):
     # take a LightningModule model's own training_step
     uses_task_loss = True
     is_client_module = True  # wraps the model; never itself a researcher's objective
-    # the attributes `client_begin` sets per client and `training_step` reads (an anchor, a
-    # control variate, a temperature): tensors, lists/dicts of tensors, or numbers. The
-    # vectorized executor stacks them over the cohort (`fedexp.core.client_loop` states the
-    # rules); every other attribute is the same for every client of a round
+    # the attributes `Algorithm.begin` gives per client and `training_step` reads (an anchor, a
+    # control variate, a temperature): tensors, lists/dicts of tensors, or numbers, stacked over
+    # the cohort (`CohortStart.attrs`; `fedexp.core.client_loop` states the rules); every other
+    # attribute is the same for every client of a round
     per_client_state: tuple[str, ...] = ()
 
     def __new__(cls, *args, **kwargs):
@@ -187,9 +187,9 @@ class ClientModule(nn.Module):
 
     @property
     def local_data(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(x, y): the training data of the client this module is training now, set by the
-        executor before `client_begin` and `client_end` (e.g. to measure the received model's
-        loss, or class statistics of the trained one); None outside a client's round."""
+        """(x, y): the training data of the client this module trains now, where it trains one
+        client at a time (the sequential executor sets it before `begin`); None otherwise.
+        `Algorithm.end` reads each client's data from `CohortTraining.data`."""
         return self._local_data
 
     def set_local_data(self, data: tuple[torch.Tensor, torch.Tensor] | None) -> None:
@@ -208,6 +208,21 @@ class ClientModule(nn.Module):
             self.__dict__["_model_params"] = tuple(self.model.parameters())
             self.__dict__["_params_of"] = self.model
         return self.__dict__["_model_params"]
+
+    def named_tensors(self) -> tuple[tuple[str, torch.Tensor], ...]:
+        """`named_parameters()` then `named_buffers()`, read once per model object (the client
+        half reads them for every client)."""
+        if self.__dict__.get("_tensors_of") is not self._modules["model"]:
+            tensors = (*self.named_parameters(), *self.named_buffers())
+            self.__dict__["_named_tensors"] = tensors
+            self.__dict__["_tensor_names"] = {id(t): n for n, t in tensors}
+            self.__dict__["_tensors_of"] = self._modules["model"]
+        return self.__dict__["_named_tensors"]
+
+    def tensor_names(self) -> dict[int, str]:
+        """id(tensor) -> its name in `named_tensors`."""
+        self.named_tensors()
+        return self.__dict__["_tensor_names"]
 
     def phases(self) -> list[Phase]:
         return [Phase("all", self._local_epochs, self.model_params())]

@@ -1,27 +1,25 @@
-"""One client's local round, the only client path: begin -> train -> finish.
+"""One client's local round, the only client path of every executor: begin -> train -> end.
 
-Every executor (sequential, vectorized, distributed), centralised training and the
-membership-inference audit train a client through these functions, in this order:
+The sequential executor, distributed ranks, centralised training and the membership-inference
+audit train a client through `run_client`, a cohort of one, in this order:
 
-1. `begin_client`: seed torch's global RNG from (seed, round, client id), get the client's module
-   (`algorithm.client_module`), give it its generator and data, call `algorithm.client_begin`.
-2. training: `train_local` runs the module's phases (`training_step`, one optimizer per phase),
-   or the vectorized executor runs the same steps for a whole cohort at once.
-3. `finish_client`: `algorithm.client_end` with what the training did; a `ClientResult`.
+1. seed torch's global RNG from (seed, round, client id); get the client's module
+   (`algorithm.client_module`), give it its generator and data;
+2. `algorithm.begin` returns the cohort's start (`CohortStart`, one row); `load_start` puts it
+   into the module;
+3. `train_local` runs the module's phases (`training_step`, one optimizer per phase);
+4. `algorithm.end` receives the trained parameters (`module_rows`, one row) and what the training
+   did, and returns the upload; `algorithm.client_stats` the running statistics sent beside it.
+
+The vectorized executor calls the same `begin` and `end` once for a whole group of clients and
+trains the group in between (`fedexp.engine.executors.batched_round`). What differs between
+clients during training lives in the attributes the module names in `per_client_state` (tensors,
+lists/dicts of tensors, numbers), given by `begin` in `CohortStart.attrs`; every other attribute
+is the same for every client of the cohort (`CohortStart.shared`). `training_step` is a pure
+function of the module's parameters, buffers and those attributes.
 
 Training that must leave the run as it was (the attackers' pool trained aside, the
 membership-inference audit's targets and shadows) runs inside `no_trace`.
-
-The per-client state rules the vectorized executor relies on (it runs every `begin_client` of a
-cohort before training and every `finish_client` after):
-
-- `client_begin` and `client_end` talk through the module and the client store only.
-- What differs between clients during training lives in the attributes the algorithm's client
-  module names in `per_client_state` (tensors, lists/dicts of tensors, numbers): they are stacked
-  across the cohort and set back one slice per client inside vmap. Every other attribute is the
-  same for every client of the round.
-- `client_begin` assigns new tensors rather than writing into ones it gave another client.
-- `training_step` is a pure function of the module's parameters, buffers and those attributes.
 """
 
 from __future__ import annotations
@@ -34,9 +32,11 @@ from torch.utils._pytree import tree_map
 
 from fedexp.core.algorithm import Algorithm
 from fedexp.core.client import ClientModule
+from fedexp.core.cohort import CohortStart, CohortTraining, RoundResults
+from fedexp.core.flat import load_flat
 from fedexp.core.local import LocalTraining, PhaseTraining, optimizer_lrs
 from fedexp.core.seeding import client_seeds, rng_devices, seed_global_rng
-from fedexp.core.types import ClientResult, Message
+from fedexp.core.types import ConfigError, Message
 
 
 def train_local(
@@ -90,48 +90,68 @@ def client_streams(seed: int, round_idx: int, client_id: int) -> tuple[int, torc
     return global_seed, torch.Generator().manual_seed(own)
 
 
-def begin_client(
-    algorithm: Algorithm,
-    client_id: int,
-    payload: Message,
-    global_seed: int,
-    generator: torch.Generator,
-    data: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> ClientModule:
-    """The first half of every client's local training, in this order: seed torch's global RNG,
-    get the client's module, give it its generator and its training `data` (x, y),
-    `client_begin`. Returns the module, ready to train."""
-    seed_global_rng(global_seed, algorithm.device)
-    module = algorithm.client_module(client_id)
-    module.generator = generator
-    module.set_local_data(data)
-    algorithm.client_begin(module, client_id, payload)
-    return module
+def load_start(module: ClientModule, start: CohortStart, row: int = 0) -> None:
+    """Put client `row` of a cohort's start into the module: its parameters and buffers (a
+    tensor that already is the module's own is left alone), the shared attributes and its
+    per-client inputs."""
+    given = {**start.shared, **start.attrs}
+    missing = [n for n in type(module).per_client_state if n not in given]
+    if missing:
+        raise ConfigError(
+            f"executor: {type(module).__name__} declares per-client state {missing} that its "
+            "algorithm's begin does not give"
+        )
+    loaded = set()
+    for tensors, flat in start.flat:
+        load_flat(tensors, flat if flat.dim() == 1 else flat[row])
+        loaded.update(id(t) for t in tensors)
+    with torch.no_grad():
+        for name, tensor in module_tensors(module):
+            if id(tensor) in loaded:
+                continue
+            source = start.params[name][row]
+            if not _same(source, tensor):
+                tensor.copy_(source)
+    set_client_inputs(module, start.shared)
+    set_client_inputs(
+        module, {k: tree_map(lambda t: _row(t, row), v) for k, v in start.attrs.items()}
+    )
 
 
-def finish_client(
-    algorithm: Algorithm,
-    module: ClientModule,
-    client_id: int,
-    payload: Message,
-    training: LocalTraining,
-    logged: dict[str, torch.Tensor] | None = None,
-) -> ClientResult:
-    """The second half: `client_end` with what the training did; returns the client's result.
+def set_client_inputs(module: ClientModule, values) -> None:
+    """Give the module the inputs its `training_step` reads besides its parameters: the cohort's
+    shared attributes, or one client's `per_client_state` (plain attributes, written into the
+    instance: no parameter, buffer or submodule is replaced, and no registration check runs)."""
+    for name, value in values.items():
+        object.__setattr__(module, name, value)
 
-    `logged`: the means of what the steps logged (`self.log`); None reads them from the module's
-    log capture (the sequential loop's steps fill it; the vectorized executor passes its own)."""
-    upload = algorithm.client_end(module, client_id, payload, training)
-    if logged is None:
-        logged = module.log_capture.means()
-    return ClientResult(
-        client_id,
-        training.samples,
-        upload,
-        training.mean_loss,
-        training.steps,
-        logged=logged,
-        stats=algorithm.client_stats(module),
+
+def _row(value, row: int):
+    return value[row] if isinstance(value, torch.Tensor) else value
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+
+
+def module_tensors(module: ClientModule) -> tuple[tuple[str, torch.Tensor], ...]:
+    """The module's parameters, then its buffers, by name."""
+    return module.named_tensors()
+
+
+def module_rows(module: ClientModule) -> dict[str, torch.Tensor]:
+    """The module's parameters and buffers as a cohort of one (views [1, ...], no copy)."""
+    return {n: t.detach().unsqueeze(0) for n, t in module_tensors(module)}
+
+
+def training_facts(
+    client_id: int, training: LocalTraining, x: torch.Tensor, y: torch.Tensor
+) -> CohortTraining:
+    """`train_local`'s facts for a cohort of one."""
+    lrs = tuple(lr for phase in training.phases for lr in phase.lrs)
+    loss = training.mean_loss.reshape(1)
+    return CohortTraining(
+        [client_id], [training.samples], [training.steps], loss, lrs, [(x, y)], [training.phases]
     )
 
 
@@ -139,18 +159,30 @@ def run_client(
     algorithm: Algorithm,
     client_id: int,
     payload: Message,
+    stats: torch.Tensor | None,
     x: torch.Tensor,
     y: torch.Tensor,
     global_seed: int,
     generator: torch.Generator,
     batch_transform=None,
-) -> ClientResult:
-    """One client's whole local round on (x, y): `begin_client`, `train_local` with the
-    algorithm's client settings, `finish_client`."""
-    module = begin_client(algorithm, client_id, payload, global_seed, generator, (x, y))
+) -> RoundResults:
+    """One client's whole local round on (x, y), a cohort of one: `begin`, `train_local` with
+    the algorithm's client settings, `end`. `stats`: the running statistics broadcast beside
+    the payload (`Algorithm.broadcast_stats`)."""
+    seed_global_rng(global_seed, algorithm.device)
+    module = algorithm.client_module(client_id)
+    module.generator = generator
+    module.set_local_data((x, y))
+    load_start(module, algorithm.begin(module, [client_id], [payload], stats))
     batch_size = algorithm.ctx.client.batch_size
-    training = train_local(module, x, y, batch_size, module.generator, batch_transform)
-    return finish_client(algorithm, module, client_id, payload, training)
+    trained = train_local(module, x, y, batch_size, generator, batch_transform)
+    training = training_facts(client_id, trained, x, y)
+    params = module_rows(module)
+    upload = algorithm.end(module, [payload], params, training)
+    means = module.log_capture.means()
+    logged = {k: v.reshape(1) for k, v in means.items()}
+    counts = {k: torch.ones(1, device=v.device) for k, v in means.items()}
+    return RoundResults(training, upload, logged, counts, algorithm.client_stats(module, params))
 
 
 def _copy_state(client_state):

@@ -34,7 +34,7 @@ def share_storage(params: Sequence[nn.Parameter]) -> None:
     carries the whole buffer; the run's saved models and messages are copies.
     """
     params = list(params)
-    if len(params) < 2 or _shared_buffer(params) is not None:
+    if len(params) < 2 or shared_buffer(params) is not None:
         return
     first = params[0]
     if any(
@@ -63,7 +63,7 @@ def share_model_storage(model: nn.Module, params: Sequence[nn.Parameter]) -> Non
         share_storage(params)
 
 
-def _shared_buffer(params: Sequence[torch.Tensor]) -> torch.Tensor | None:
+def shared_buffer(params: Sequence[torch.Tensor]) -> torch.Tensor | None:
     """The buffer `share_storage` laid `params` out in, if they are still exactly its views."""
     entry = _SHARED_STORAGE.get(id(params[0])) if params else None
     if entry is None:
@@ -81,7 +81,7 @@ def _shared_buffer(params: Sequence[torch.Tensor]) -> torch.Tensor | None:
 
 def flat_params(params: Sequence[nn.Parameter]) -> torch.Tensor:
     """Concatenate parameters into one detached flat vector (a copy)."""
-    buffer = _shared_buffer(params)
+    buffer = shared_buffer(params)
     if buffer is not None:
         return buffer.clone()
     return torch.cat([p.detach().reshape(-1) for p in params])
@@ -90,7 +90,7 @@ def flat_params(params: Sequence[nn.Parameter]) -> torch.Tensor:
 def flat_delta(params: Sequence[nn.Parameter], reference: torch.Tensor) -> torch.Tensor:
     """`flat_params(params) - reference`, read straight off the parameters' buffer where they
     share one (`share_storage`): a client's upload without the intermediate copy."""
-    buffer = _shared_buffer(params)
+    buffer = shared_buffer(params)
     if buffer is not None and reference.shape == buffer.shape:
         return buffer - reference  # made from detached tensors: no autograd history
     return flat_params(params) - reference
@@ -99,7 +99,7 @@ def flat_delta(params: Sequence[nn.Parameter], reference: torch.Tensor) -> torch
 @torch.no_grad()
 def load_flat(params: Sequence[nn.Parameter], flat: torch.Tensor) -> None:
     """Copy a flat vector into parameters in place (no aliasing)."""
-    buffer = _shared_buffer(params)
+    buffer = shared_buffer(params)
     if buffer is not None and flat.shape == buffer.shape:
         buffer.copy_(flat)
         # each parameter has its own version counter: mark them written, so that autograd

@@ -1,5 +1,5 @@
 """A client's local training: what it is configured by (`ClientConfig`, built once from `client.*`)
-and what it did (`LocalTraining`, handed to `Algorithm.client_end`).
+and what it did (`LocalTraining`; a cohort's facts, `CohortTraining`, reach `Algorithm.end`).
 
 `ClientConfig` is the one owner of the `client.*` rules (`RULES`): the config's checks
 (`fedexp.config.values.check_config_values`) build it before anything else is built, so this

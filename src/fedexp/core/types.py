@@ -55,6 +55,13 @@ class Message:
     def num_bits(self) -> int:
         raise NotImplementedError
 
+    def cohort_bits(self, size: int) -> int | None:
+        """Bits of the `size` clients' messages stacked in this one (`fedexp.core.cohort`), or
+        None (the default): `size` times one client's, as for every message whose size does not
+        depend on what it carries. A message whose size does (FedProto's prototypes of the
+        classes a client holds) counts all of its rows."""
+        return None
+
     def map_values(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Message:
         """The same message with `fn` applied elementwise to the numbers it carries (`fn(0)`
         must be 0 for sparse messages: the coordinates not sent stay zero)."""
@@ -176,7 +183,7 @@ class ServerState:
 
 def malicious_count(results: Sequence[ClientResult]) -> int:
     """How many of the round's uploads an attack corrupted (it flags them `malicious`)."""
-    flagged = getattr(results, "malicious_total", None)  # a cohort's results: none flagged
+    flagged = getattr(results, "malicious_total", None)  # `RoundResults` counts its flags
     if flagged is not None:
         return flagged
     return sum(r.malicious for r in results)

@@ -8,11 +8,9 @@ import time
 from collections.abc import Sequence
 from functools import partial
 
-import torch
-
 from fedexp.core.algorithm import Algorithm
 from fedexp.core.callbacks import Callback, RoundReport, frozen
-from fedexp.core.cohort import is_cohort, result_losses
+from fedexp.core.cohort import RoundResults
 from fedexp.core.seeding import sample_clients
 from fedexp.core.types import Diverged, RoundContext, ServerState, malicious_count
 from fedexp.engine.eval.all_clients import evaluate
@@ -20,25 +18,10 @@ from fedexp.engine.executors.sequential import train_aside
 from fedexp.metrics.comm import stats_bits
 
 
-def upload_bits(results: Sequence) -> int:
-    """Bits the round's clients uploaded: their messages and running statistics."""
-    if is_cohort(results):
-        return results.upload_bits()
-    return sum(r.upload.num_bits() + stats_bits(r.stats) for r in results)
-
-
-def logged_means(results: Sequence) -> dict[str, float]:
+def logged_means(results: RoundResults) -> dict[str, float]:
     """`client/<name>` for each name the clients' steps logged: the mean over the clients that
     logged it of each one's mean over its steps."""
-    if is_cohort(results):
-        return {f"client/{k}": float(v) for k, v in results.logged_means().items()}
-    names = dict.fromkeys(name for r in results for name in r.logged)
-    return {
-        f"client/{name}": float(
-            torch.stack([r.logged[name] for r in results if name in r.logged]).mean()
-        )
-        for name in names
-    }
+    return {f"client/{k}": float(v) for k, v in results.logged_means().items()}
 
 
 class Orchestrator:
@@ -92,23 +75,23 @@ class Orchestrator:
         ctx = RoundContext(t, ids, self.seed)
         stats = self.algorithm.broadcast_stats(state)  # running statistics, besides the payloads
         payloads = self.algorithm.configure_round(state, ctx)
-        results = self.executor.run(self.algorithm, payloads, ctx, self.train_data)
+        results = self.executor.run(self.algorithm, payloads, ctx, self.train_data, stats)
         results = self.attack.apply(results, ctx, state)
         # the aggregation is told how many uploads the attack corrupted (it flags them)
         ctx = dataclasses.replace(ctx, num_malicious=malicious_count(results))
-        train_loss = float(result_losses(results).mean())
+        train_loss = float(results.train_loss.mean())
         if not math.isfinite(train_loss):
             raise Diverged(t, "non-finite training loss")
         state, metrics = self.algorithm.aggregate(state, results, ctx)
         if not self.algorithm.state_is_finite(state):
             raise Diverged(t, "non-finite global model")
-        up = upload_bits(results)
+        up = results.upload_bits(stats_bits)
         down = sum(payloads[c].num_bits() for c in ids) + len(ids) * stats_bits(stats)
         self.totals["comm/up_bits_total"] += up
         self.totals["comm/down_bits_total"] += down
         elapsed = time.perf_counter() - start
         self.train_seconds += elapsed
-        steps = sum(results.num_steps if is_cohort(results) else (r.num_steps for r in results))
+        steps = sum(results.num_steps)
         metrics = {
             "round": t,
             "train/loss": train_loss,

@@ -14,19 +14,6 @@ from torch.utils._pytree import tree_map
 from fedexp.core.types import ConfigError
 
 
-def client_attrs(module: nn.Module) -> dict[str, Any]:
-    """The per-client inputs to `training_step` the module's class declares
-    (`ClientModule.per_client_state`), as `client_begin` set them for this client."""
-    names = getattr(type(module), "per_client_state", ())
-    missing = [name for name in names if not hasattr(module, name)]
-    if missing:
-        raise ConfigError(
-            f"executor: {type(module).__name__} declares per-client state {missing} that its "
-            "algorithm's client_begin does not set"
-        )
-    return {name: getattr(module, name) for name in names}
-
-
 def architecture(module: nn.Module) -> tuple:
     """Modules with equal keys train in one vmapped group."""
     return (

@@ -37,6 +37,19 @@ def flat_stats(buffers: Sequence[torch.Tensor]) -> torch.Tensor | None:
     return torch.cat([b.detach().reshape(-1).to(torch.float32) for b in buffers])
 
 
+def stats_views(buffers: Sequence[torch.Tensor], flat: torch.Tensor) -> list[torch.Tensor]:
+    """`flat` cut into the buffers' shapes (views; what `load_stats` copies, integer buffers'
+    entries rounded)."""
+    out, offset = [], 0
+    for b in buffers:
+        chunk = flat[offset : offset + b.numel()].view_as(b)
+        out.append(chunk if b.is_floating_point() else chunk.round())
+        offset += b.numel()
+    if offset != flat.numel():
+        raise ValueError(f"running statistics: {flat.numel()} values for {offset} buffer entries")
+    return out
+
+
 @torch.no_grad()
 def load_stats(buffers: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
     """Copy `flat` into the buffers in place; integer buffers (the batch count) are rounded
@@ -69,3 +82,37 @@ def load_model_state(model: nn.Module, flat: torch.Tensor) -> None:
         offset += n
     if offset < flat.numel():
         load_stats(running_buffers(norm_layers(model)), flat[offset:])
+
+
+def state_tensors(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """What `model_state` holds, in its order, by name: the parameters, then the running
+    statistics."""
+    names = {id(t): n for n, t in [*model.named_parameters(), *model.named_buffers()]}
+    tensors = [*model.parameters(), *running_buffers(norm_layers(model))]
+    return [(names[id(t)], t) for t in tensors]
+
+
+def state_rows(model: nn.Module, rows: torch.Tensor, prefix: str = "") -> dict[str, torch.Tensor]:
+    """`model_state` vectors [C, D] cut into what they hold, [C, *shape] by `prefix` + name
+    (integer buffers' entries rounded; a vector of the parameters alone, as stored before
+    statistics were kept, gives the parameters alone)."""
+    out, offset = {}, 0
+    for name, t in state_tensors(model):
+        if offset >= rows.shape[1]:
+            break
+        piece = rows[:, offset : offset + t.numel()].reshape(rows.shape[0], *t.shape)
+        out[prefix + name] = piece if t.is_floating_point() else piece.round()
+        offset += t.numel()
+    return out
+
+
+def state_of_rows(model: nn.Module, params, prefix: str = "") -> torch.Tensor:
+    """`model_state` of each client of stacked `params` (`prefix` + name -> [C, ...]): [C, D]."""
+    dtype = next(model.parameters()).dtype
+    count = next(iter(params.values())).shape[0]
+    rows = []
+    for name, t in state_tensors(model):
+        row = params[prefix + name].reshape(count, -1)
+        # statistics as `flat_stats` has them (float32), then the parameters' dtype
+        rows.append(row if isinstance(t, nn.Parameter) else row.to(torch.float32).to(dtype))
+    return torch.cat(rows, 1)

@@ -1,6 +1,6 @@
-"""The vectorized executor's batched round (`Algorithm.cohort_begin` / `cohort_end`): the same
-models, client state and metrics as its client-by-client round, and host work that does not grow
-with the cohort."""
+"""The vectorized executor's batched round (`Algorithm.begin` / `end` once for a group): the
+client half is row-wise (a cohort's start and uploads are its clients' as cohorts of one), the
+round's results read per client, and host work does not grow with the cohort."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from hydra import compose, initialize_config_dir
 from torch.profiler import ProfilerActivity, profile
 
 from fedexp.__main__ import find_conf
-from fedexp.core.cohort import CohortResults, CohortTraining, unstack
+from fedexp.core.client_loop import no_trace
+from fedexp.core.cohort import CohortTraining, RoundResults, unstack
 from fedexp.core.types import ConfigError, Ranking, RoundContext, Weights
 from fedexp.engine.executors.stacked import StaticStep
 from fedexp.engine.functional_optim import GroupSpec
@@ -77,35 +78,89 @@ def same(a, b) -> bool:
     return a == b
 
 
+ROW_WISE = {
+    **BATCHED,
+    "ditto": [],
+    "fedbn": [],
+    "fedproto": [],
+    "qffl": [],
+    "signsgd": [],
+    "topk": [],
+    "local": [],
+    "fedhenn": ["algorithm.eta0=1.0"],
+}
+
+
+def rows_equal(whole, one, i) -> bool:
+    """Row `i` of a cohort's stacked value equals a cohort of one's (`_as_rows` makes a value
+    every client shares a stack of rows; a number given to one client alone is its row)."""
+    if isinstance(whole, torch.Tensor):
+        if not isinstance(one, torch.Tensor):
+            return whole[i].item() == one
+        return torch.equal(whole[i], one[0])
+    if isinstance(whole, (list, tuple)):
+        return len(whole) == len(one) and all(rows_equal(w, o, i) for w, o in zip(whole, one))
+    if isinstance(whole, dict):
+        return whole.keys() == one.keys() and all(rows_equal(whole[k], one[k], i) for k in whole)
+    return whole == one
+
+
 @pytest.mark.experiment
-@pytest.mark.parametrize("algorithm", sorted(BATCHED))
-@pytest.mark.parametrize("chunk,stack", [(None, "vmap"), (2, "vmap"), (None, "loop")])
-def test_a_batched_round_equals_the_client_by_client_round(
-    tmp_path, monkeypatch, algorithm, chunk, stack
-):
-    overrides = [
-        f"algorithm={algorithm}",
-        *BATCHED[algorithm],
-        f"executor.chunk_size={chunk or 'null'}",
-        f"executor.stack={stack}",
-    ]
-    batched = experiment(tmp_path / "a", *overrides)
-    state_b, metrics_b, results_b = run_rounds(batched)
-    assert isinstance(results_b, CohortResults)  # the batched path ran
+@pytest.mark.parametrize("algorithm", sorted(ROW_WISE))
+def test_the_client_half_is_row_wise(tmp_path, algorithm):
+    """`begin` for five clients gives row by row what it gives each alone, and `end` on the
+    cohort's trained parameters returns row by row the uploads, and stores the state, of five
+    cohorts of one (after a round, so clients hold state of their own)."""
+    exp = experiment(tmp_path, f"algorithm={algorithm}", *ROW_WISE[algorithm])
+    alg = exp.algorithm
+    state, _ = exp.orchestrator().run_round(alg.init_state(), 1)
+    ids = [0, 2, 3, 5, 7]
+    ctx = RoundContext(2, tuple(ids), 0)
+    payloads = alg.configure_round(state, ctx)
+    sent, stats = [payloads[c] for c in ids], alg.broadcast_stats(state)
+    module = alg.client_module(ids[0])
+    whole = alg.begin(module, ids, sent, stats)
+    starts = [alg.begin(module, [c], [payloads[c]], stats) for c in ids]
+    for i, one in enumerate(starts):
+        assert whole.params.keys() == one.params.keys()
+        assert all(torch.equal(whole.params[n][i], one.params[n][0]) for n in whole.params)
+        given = {**whole.shared, **{k: ("row", v) for k, v in whole.attrs.items()}}
+        alone = {**one.shared, **{k: ("row", v) for k, v in one.attrs.items()}}
+        for name in type(module).per_client_state:
+            w, o = given[name], alone[name]
+            w = w[1] if isinstance(w, tuple) and w[:1] == ("row",) else _as_rows(w)
+            o = o[1] if isinstance(o, tuple) and o[:1] == ("row",) else _as_rows(o)
+            assert rows_equal(w, o, i), name
+    # "trained": every floating parameter moved by a different amount per client
+    trained = {
+        n: t + 0.01 * torch.arange(1, len(ids) + 1).view(-1, *[1] * (t.dim() - 1))
+        if t.is_floating_point() else t.clone()
+        for n, t in whole.params.items()
+    }  # fmt: skip
+    data = [exp.data.train(c) for c in ids]
+    losses = torch.zeros(len(ids))
+    training = CohortTraining(ids, [len(y) for _, y in data], [3] * len(ids), losses, (0.1,), data)
+    with no_trace(alg, ids):
+        upload = alg.end(module, sent, trained, training)
+        kept_whole = {c: alg.store.get(c) for c in ids}
+    for i, c in enumerate(ids):
+        with no_trace(alg, ids):
+            row = {n: t[i : i + 1] for n, t in trained.items()}
+            facts = CohortTraining([c], [training.samples[i]], [3], losses[:1], (0.1,), [data[i]])
+            alone = alg.end(module, [payloads[c]], row, facts)
+            assert same(unstack(upload, i), unstack(alone, 0)), c
+            assert same(kept_whole[c], alg.store.get(c)), c
 
-    per_client = experiment(tmp_path / "b", *overrides)
-    monkeypatch.setattr(type(per_client.algorithm), "cohort_begin", lambda *a: None)
-    state_p, metrics_p, results_p = run_rounds(per_client)
-    assert isinstance(results_p, list)
 
-    # bit for bit: the same operations on the same numbers, batched
-    assert same(state_b.params, state_p.params) and same(state_b.buffers, state_p.buffers)
-    assert metrics_b == metrics_p
-    assert same(batched.algorithm.store.state_dict(), per_client.algorithm.store.state_dict())
-    assert [r.client_id for r in results_b] == [r.client_id for r in results_p]
-    for rb, rp in zip(results_b, results_p):  # a batched result reads as the client's own
-        assert same(rb.upload, rp.upload) and rb.num_samples == rp.num_samples
-        assert rb.num_steps == rp.num_steps and torch.equal(rb.train_loss, rp.train_loss)
+def _as_rows(value):
+    """A value every client shares, as a stack of one row (compared with any row)."""
+    if isinstance(value, torch.Tensor):
+        return value.unsqueeze(0).expand(64, *value.shape)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_as_rows(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _as_rows(v) for k, v in value.items()}
+    return value
 
 
 @pytest.mark.experiment
@@ -135,46 +190,65 @@ def test_the_round_issues_a_few_operations_per_extra_client(tmp_path):
         assert extra.get("aten::randperm") == 1  # each client's own shuffle stays its own
 
 
-def test_cohort_results_read_as_per_client_results():
+def test_round_results_read_as_per_client_results():
     training = CohortTraining([7, 3, 5], [10, 4, 6], [2, 1, 1], torch.tensor([0.5, 1.0, 2.0]))
     upload = Weights(torch.arange(6.0).view(3, 2))
     logged = {"acc": torch.tensor([0.25, 0.0, 0.75])}
     counts = {"acc": torch.tensor([2, 0, 1])}
-    results = CohortResults(training, upload, logged, counts)
+    results = RoundResults(training, upload, logged, counts)
     assert len(results) == 3 and [r.client_id for r in results] == [7, 3, 5]
     middle = results[1]
     assert middle.num_samples == 4 and middle.num_steps == 1 and float(middle.train_loss) == 1.0
     assert middle.upload.vector.tolist() == [2.0, 3.0]
     assert middle.logged == {} and float(results[2].logged["acc"]) == 0.75  # logged nothing
-    assert results.upload_bits() == sum(r.upload.num_bits() for r in results) == 3 * 2 * 32
+    bits = results.upload_bits(lambda s: 0)
+    assert bits == sum(r.upload.num_bits() for r in results) == 3 * 2 * 32
     assert float(results.logged_means()["acc"]) == 0.5  # over the clients that logged it
     ranking = Ranking((torch.tensor([[1, 0, 2], [2, 1, 0]]),))
     assert unstack(ranking, 1).layers[0].tolist() == [2, 1, 0]
 
 
-@pytest.mark.experiment
-def test_an_algorithm_without_batched_hooks_trains_client_by_client(tmp_path):
-    exp = experiment(tmp_path, *UNEQUAL, "algorithm=ditto")
-    _, _, results = run_rounds(exp, rounds=1)
-    assert isinstance(results, list) and len(results) == 5
+def test_round_results_join_reorder_and_take_an_attack():
+    def one(cid, value, acc=None):
+        facts = CohortTraining([cid], [cid + 1], [1], torch.tensor([float(cid)]))
+        logged = {} if acc is None else {"acc": torch.tensor([acc])}
+        counts = {} if acc is None else {"acc": torch.tensor([1])}
+        return RoundResults(facts, Weights(torch.full((1, 2), value)), logged, counts)
+
+    joined = RoundResults.concat([one(4, 1.0, acc=0.5), one(9, 2.0), one(6, 3.0, acc=1.0)])
+    assert joined.client_ids == [4, 9, 6] and joined.num_samples == [5, 10, 7]
+    assert joined.uploads().vector.tolist() == [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]
+    assert float(joined.logged_means()["acc"]) == 0.75  # client 9 logged nothing
+    assert joined[1].logged == {}
+    back = joined.take([6, 4, 9])
+    assert back.client_ids == [6, 4, 9] and back.train_loss.tolist() == [6.0, 4.0, 9.0]
+    assert back.upload_rows("values").tolist() == [[3.0, 3.0], [1.0, 1.0], [2.0, 2.0]]
+    hit = back.with_uploads([1], [Weights(torch.zeros(2))])
+    assert hit.malicious == [False, True, False] and hit.malicious_total == 1
+    assert hit[1].malicious and hit[1].upload.vector.tolist() == [0.0, 0.0]
+    assert hit.uploads().vector[0].tolist() == [3.0, 3.0]
+    assert back.malicious_total == 0  # the results the attack was given stay as they were
+    assert len(RoundResults.empty()) == 0
 
 
 @pytest.mark.experiment
-def test_a_subclass_that_changes_client_begin_is_not_batched_with_its_parents_forms(tmp_path):
+def test_a_subclass_that_changes_end_is_batched_with_its_own_end(tmp_path):
     exp = experiment(tmp_path, "algorithm=fedavg")
     alg = exp.algorithm
     calls = []
 
     class Changed(type(alg)):
-        def client_begin(self, module, client_id, payload):
-            calls.append(client_id)
-            super().client_begin(module, client_id, payload)
+        def end(self, module, payloads, params, training):
+            calls.append(list(training.client_ids))
+            upload = super().end(module, payloads, params, training)
+            return Weights(upload.values * 0)
 
     alg.__class__ = Changed
-    ctx = RoundContext(1, [0, 1], 0)
+    ctx = RoundContext(1, [0, 1, 4], 0)
     state = alg.init_state()
     results = exp.executor.run(alg, alg.configure_round(state, ctx), ctx, exp.data)
-    assert calls == [0, 1] and isinstance(results, list)
+    assert calls == [[0, 1, 4]]  # one call for the cohort
+    assert not results.uploads().vector.any()
 
 
 @pytest.mark.experiment

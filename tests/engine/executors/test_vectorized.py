@@ -14,7 +14,8 @@ from torch import nn
 
 from fedexp.__main__ import find_conf
 from fedexp.algorithms import topk
-from fedexp.core.flat import flat_delta, flat_params, load_flat
+from fedexp.algorithms.fedavg import payload_rows
+from fedexp.core.flat import flat_params, load_flat
 from fedexp.core.seeding import sample_clients
 from fedexp.core.types import ConfigError
 from fedexp.engine.executors.select import auto_executor
@@ -100,18 +101,20 @@ class TopKState:
 def watch_topk(monkeypatch) -> dict[tuple[int, int], TopKState]:
     """Each TopK client's state around its uploads, under (client, its number of uploads before)."""
     records: dict[tuple[int, int], TopKState] = {}
-    client_end = topk.TopK.client_end
+    end = topk.TopK.end
 
-    def watched(self, module, client_id, payload, training):
-        key = (client_id, sum(c == client_id for c, _ in records))
-        raw = flat_delta(self.shared(module.model), payload.vector).clone()
-        residual = self.store.get(client_id)
-        residual = None if residual is None else residual.clone()
-        sent = client_end(self, module, client_id, payload, training)
-        records[key] = TopKState(raw, residual, self.store.get(client_id).clone())
+    def watched(self, module, payloads, params, training):
+        ids = list(training.client_ids)
+        raw = (self.cohort_flat(module, params) - payload_rows(payloads)).clone()
+        before = {c: self.store.get(c) for c in ids}
+        before = {c: None if r is None else r.clone() for c, r in before.items()}
+        sent = end(self, module, payloads, params, training)
+        for i, c in enumerate(ids):
+            key = (c, sum(k == c for k, _ in records))
+            records[key] = TopKState(raw[i], before[c], self.store.get(c).clone())
         return sent
 
-    monkeypatch.setattr(topk.TopK, "client_end", watched)
+    monkeypatch.setattr(topk.TopK, "end", watched)
     return records
 
 
@@ -181,7 +184,7 @@ def test_vectorized_matches_sequential(tmp_path, monkeypatch, algorithm):
             torch.testing.assert_close(p_vec, p_seq, rtol=RTOL, atol=ATOL)
             if stack == "loop" and name != "scaffold":
                 # the loop form runs the sequential executor's operations on the same batches
-                # (SCAFFOLD's batched hooks compute its control variates stacked: ~1e-8)
+                # (SCAFFOLD's control variates divide by the steps as a [C] tensor: ~1e-8)
                 assert torch.equal(p_vec, p_seq)
         for key, value in m_seq.items():
             assert m_vec[key] == pytest.approx(value, abs=1e-5), key
@@ -199,20 +202,21 @@ def test_runs_that_part_on_a_near_tie_are_compared_on_the_reference_choice(tmp_p
     other = experiment(tmp_path, "executor=sequential", "algorithm=topk")
     records = watch_choices(monkeypatch, "topk", choices)
     states = watch_topk(monkeypatch)
-    client_end, moved = topk.TopK.client_end, []
+    end, moved = topk.TopK.end, []
 
-    def near_tie(self, module, client_id, payload, training):
-        if not moved:
+    def near_tie(self, module, payloads, params, training):
+        if not moved:  # sequential: a cohort of one, whose params are the module's own
             weights = flat_params(self.shared(module.model))
-            delta = weights - payload.vector
+            vector = payloads[0].vector
+            delta = weights - vector
             top = delta.abs().topk(round(self.fraction * len(delta)) + 1)
             i, j = top.indices[-2:]
-            weights[j] = payload.vector[j] + delta[j].sign() * delta[i].abs() * (1 + 1e-4)
-            moved.append(float((weights[j] - payload.vector[j]).abs() - delta[j].abs()))
+            weights[j] = vector[j] + delta[j].sign() * delta[i].abs() * (1 + 1e-4)
+            moved.append(float((weights[j] - vector[j]).abs() - delta[j].abs()))
             load_flat(self.shared(module.model), weights)
-        return client_end(self, module, client_id, payload, training)
+        return end(self, module, payloads, params, training)
 
-    monkeypatch.setattr(topk.TopK, "client_end", near_tie)
+    monkeypatch.setattr(topk.TopK, "end", near_tie)
     p_other, m_other = train(other)
     assert 0 < moved[0] < ATOL
     check_topk_uploads(states, records, other.algorithm.fraction)

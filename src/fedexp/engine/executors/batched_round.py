@@ -1,14 +1,14 @@
-"""A round's cohort trained at once through the algorithm's batched hooks
-(`Algorithm.cohort_begin` / `cohort_end`, `fedexp.core.cohort`): the vectorized executor's round
-whose torch operations do not grow with the cohort, beyond each client's own shuffle and the
-copy of the state it keeps.
+"""A group of a round's clients trained at once through the algorithm's client half
+(`Algorithm.begin` / `end`, `fedexp.core.cohort`): the vectorized executor's round, whose torch
+operations do not grow with the cohort, beyond each client's own shuffle and the copy of the
+state it keeps.
 
 Begin: the algorithm stacks every client's start (the broadcast weights expanded, client state
 gathered with one stack). The cohort's samples are gathered at once, each client's permutations
 drawn from its own generator as the sequential loop draws them and brought to the host together,
 and the batch schedule laid out there. Training: `stacked.train_stacked`, chunk by chunk. End:
 the algorithm takes the trained stacked parameters and returns the uploads stacked; losses and
-logged values stay on the device (`CohortResults`) until the round's sync.
+logged values stay on the device (`RoundResults`) until the round's sync.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from torch.utils._pytree import tree_map
 
 from fedexp.core.algorithm import Algorithm
 from fedexp.core.client_loop import client_streams
-from fedexp.core.cohort import CohortResults, CohortTraining
-from fedexp.core.local import optimizer_lrs
+from fedexp.core.cohort import CohortTraining, RoundResults
+from fedexp.core.local import PhaseTraining, optimizer_lrs
 from fedexp.core.seeding import CLIENT, derive_seed, seed_global_rng
 from fedexp.core.types import RoundContext
 from fedexp.engine.executors.stacked import check_vmappable, pad_rows, schedule, train_stacked
@@ -29,7 +29,10 @@ from fedexp.engine.functional_optim import spec_from_optimizer
 
 def run_cohort(
     algorithm: Algorithm,
+    module,
+    ids: list[int],
     payloads,
+    stats,
     ctx: RoundContext,
     data,
     batch_size: int,
@@ -37,66 +40,75 @@ def run_cohort(
     pad_to: int | None = None,
     capture: bool = False,
     loop: bool = False,
-) -> CohortResults | None:
-    """The round's cohort begun, trained and ended as stacked tensors, where the algorithm
-    has the batched hooks and every client trains the same module; else None.
+) -> RoundResults:
+    """Clients `ids`, all training `module`, begun, trained and ended as stacked tensors.
 
     `chunk_size`: at most this many clients trained at once; `pad_to`: every chunk padded to
     this many (inactive rows), so every step of every round has the same shapes, and each
     phase's steps run on a `StaticStep` (a CUDA graph with `capture`); `loop`: the chunk's
-    clients train one after another (`stacked`'s loop form)."""
-    ids = list(ctx.client_ids)
-    if not ids or data.batch_transform is not None:
-        return None  # augmentation draws from each client's stream, step by step
-    module = algorithm.client_module(ids[0])
-    if any(algorithm.client_module(c) is not module for c in ids[1:]):
-        return None
+    clients train one after another (`stacked`'s loop form). With a training augmentation
+    (`data.batch_transform`, drawn from each client's generator step by step) chunks are not
+    padded."""
     messages = [payloads[c] for c in ids]
-    start = algorithm.cohort_begin(module, ids, messages)
-    if start is None:
-        return None
+    start = algorithm.begin(module, ids, messages, stats)
     check_vmappable(module)
     module.train()
-    plans, lrs = _phase_plans(module)
+    plans, rates = _phase_plans(module)
     x_all, y_all, sizes = cohort_train_data(data, ids)
-    schedules = _schedules(ctx, ids, sizes, plans, batch_size)
+    schedules, generators = _schedules(ctx, ids, sizes, plans, batch_size)
+    transform = data.batch_transform
+    if transform is None:
+        generators = None
+    else:
+        pad_to, capture = None, False
     buffers = {n: start.params[n] for n, _ in module.named_buffers()}
     params, loss_sum, log_sums, log_counts = _train_chunks(
-        algorithm, module, ctx, start, buffers, plans, x_all, y_all, schedules,
-        chunk_size=chunk_size, pad_to=pad_to, capture=capture, loop=loop,
+        algorithm, module, ctx, ids, start, buffers, plans, x_all, y_all, schedules,
+        (generators, transform), chunk_size=chunk_size, pad_to=pad_to, capture=capture, loop=loop,
     )  # fmt: skip
     params.update(buffers)  # buffers as the clients began (no running statistics here)
     epochs = sum(e for _, _, e, _ in plans)
     steps = [epochs * -(-n // batch_size) for n in sizes]
     steps_t = torch.tensor([max(k, 1) for k in steps], device=loss_sum.device)
-    training = CohortTraining(ids, list(sizes), steps, loss_sum / steps_t, tuple(lrs))
-    upload = algorithm.cohort_end(module, messages, params, training)
+    cuts = np.cumsum([0, *sizes])
+    local = [(x_all[a:b], y_all[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
+    phases = [
+        tuple(PhaseTraining(name, e, e * -(-n // batch_size), lrs) for name, _, e, lrs in rates)
+        for n in sizes
+    ]  # fmt: skip
+    flat_lrs = tuple(lr for *_, lrs in rates for lr in lrs)
+    training = CohortTraining(ids, list(sizes), steps, loss_sum / steps_t, flat_lrs, local, phases)
+    upload = algorithm.end(module, messages, params, training)
     logged = {k: log_sums[k] / log_counts[k].clamp(min=1) for k in log_sums}
-    return CohortResults(training, upload, logged, log_counts)
+    stats_up = algorithm.client_stats(module, params)
+    return RoundResults(training, upload, logged, log_counts, stats_up)
 
 
-def _phase_plans(module) -> tuple[list[tuple[str, tuple[str, ...], int, dict]], list[float]]:
-    """Each phase's (name, parameter names, epochs, optimizer spec), and the optimizers'
-    learning rates, from the module's `phases` and `configure_optimizers`."""
+def _phase_plans(module) -> tuple[list[tuple[str, tuple[str, ...], int, dict]], list]:
+    """Each phase's (name, parameter names, epochs, optimizer spec), and (name, parameter
+    names, epochs, its optimizer's learning rates), from the module's `phases` and
+    `configure_optimizers`."""
     names = {id(p): n for n, p in module.named_parameters()}
-    plans, lrs = [], []
+    plans, rates = [], []
     for phase in module.phases():
         module.start_phase(phase)
         optimizer = module.configure_optimizers()
         spec = spec_from_optimizer(optimizer, names)
-        plans.append((phase.name, tuple(names[id(p)] for p in phase.params), phase.epochs, spec))
-        lrs.extend(optimizer_lrs(optimizer))
-    return plans, lrs
+        params = tuple(names[id(p)] for p in phase.params)
+        plans.append((phase.name, params, phase.epochs, spec))
+        rates.append((phase.name, params, phase.epochs, optimizer_lrs(optimizer)))
+    return plans, rates
 
 
-def _schedules(ctx: RoundContext, ids: list[int], sizes, plans, batch_size: int) -> list:
+def _schedules(ctx: RoundContext, ids: list[int], sizes, plans, batch_size: int) -> tuple:
     """Each phase's `Schedule` (host arrays): each client's permutation of every epoch of every
     phase, in that order, drawn from its own generator (as the sequential loop draws them) and
-    brought to the host at once."""
+    brought to the host at once; and the generators, where the augmentation draws next."""
     total_epochs = sum(e for _, _, e, _ in plans)
-    perms = []
+    perms, generators = [], []
     for cid, n in zip(ids, sizes):
         generator = client_streams(ctx.seed, ctx.round, cid)[1]
+        generators.append(generator)
         perms.extend(torch.randperm(n, generator=generator) for _ in range(total_epochs))
     flat = torch.cat(perms).numpy() if perms else np.zeros(0, np.int64)
     cuts = np.cumsum([n for n in sizes for _ in range(total_epochs)])[:-1]
@@ -109,16 +121,17 @@ def _schedules(ctx: RoundContext, ids: list[int], sizes, plans, batch_size: int)
         ]
         schedules.append(schedule(phase_orders, sizes, batch_size))
         used += epochs
-    return schedules
+    return schedules, generators
 
 
 def _train_chunks(
-    algorithm, module, ctx, start, buffers, plans, x_all, y_all, schedules, *,
+    algorithm, module, ctx, ids, start, buffers, plans, x_all, y_all, schedules, augment, *,
     chunk_size, pad_to, capture, loop,
 ):  # fmt: skip
-    """`train_stacked` over the cohort, chunk by chunk (`run_cohort`'s arguments); (params,
-    loss sums, logged sums, logged counts), each [C, ...] over the cohort."""
-    ids = list(ctx.client_ids)
+    """`train_stacked` over the cohort, chunk by chunk (`run_cohort`'s arguments; `augment`:
+    the clients' generators and the augmentation, or None and None); (params, loss sums,
+    logged sums, logged counts), each [C, ...] over the cohort."""
+    generators, transform = augment
     stacked = {n: start.params[n] for n, _ in module.named_parameters()}
     chunk = chunk_size or len(ids)
     trained, losses, sums, counts = [], [], [], []
@@ -136,8 +149,8 @@ def _train_chunks(
             x_all,
             y_all,
             [sched.rows(a, b, pad_to).to(x_all.device) for sched in schedules],
-            generators=None,
-            transform=None,
+            generators=None if generators is None else generators[a:b],
+            transform=transform,
             static=pad_to is not None,
             capture=capture,
             loop=loop,

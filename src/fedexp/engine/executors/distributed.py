@@ -24,7 +24,8 @@ import torch
 import torch.distributed as dist
 
 from fedexp.core.algorithm import Algorithm
-from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext
+from fedexp.core.cohort import RoundResults
+from fedexp.core.types import ConfigError, Message, RoundContext
 from fedexp.engine.executors.select import executor_named
 from fedexp.runtime.ranks import world
 
@@ -100,27 +101,32 @@ class DistributedExecutor:
             check(algorithm, num_clients)
 
     def run(
-        self, algorithm: Algorithm, payloads: Mapping[int, Message], ctx: RoundContext, data
-    ) -> list[ClientResult]:
+        self,
+        algorithm: Algorithm,
+        payloads: Mapping[int, Message],
+        ctx: RoundContext,
+        data,
+        stats: torch.Tensor | None = None,
+    ) -> RoundResults:
         sizes = {cid: data.num_train(cid) for cid in ctx.client_ids}
         mine = shard(sizes, self.size)[self.rank]
-        results = []
+        results = RoundResults.empty()
         if mine:
             sub = dataclasses.replace(ctx, client_ids=tuple(mine))
-            results = self.inner.run(algorithm, {c: payloads[c] for c in mine}, sub, data)
+            results = self.inner.run(algorithm, {c: payloads[c] for c in mine}, sub, data, stats)
         cpu = torch.device("cpu")
         stored = {cid: algorithm.store.get(cid) for cid in mine if cid in algorithm.store}
         gathered: list = [None] * self.size
-        dist.all_gather_object(gathered, to_device((results, stored), cpu))  # the round's one
-        by_id = {r.client_id: r for r in results}
+        dist.all_gather_object(gathered, (results.to(cpu), to_device(stored, cpu)))  # the one
+        parts = []
         for rank, (rank_results, rank_stored) in enumerate(gathered):
             if rank == self.rank:
+                parts.append(results)
                 continue
             for cid, state in rank_stored.items():  # so any rank can serve any client later
                 algorithm.store.put(cid, to_device(state, algorithm.device))
-            for r in rank_results:
-                by_id[r.client_id] = to_device(r, algorithm.device)
-        return [by_id[cid] for cid in ctx.client_ids]
+            parts.append(rank_results.to(algorithm.device))
+        return RoundResults.concat([p for p in parts if len(p)]).take(ctx.client_ids)
 
 
 def _shutdown() -> None:

@@ -8,7 +8,8 @@ from collections.abc import Mapping
 import torch
 
 from fedexp.core.algorithm import Algorithm
-from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext
+from fedexp.core.cohort import RoundResults
+from fedexp.core.types import ConfigError, Message, RoundContext
 from fedexp.engine.executors.sequential import SequentialExecutor
 from fedexp.engine.executors.vectorized import VectorizedExecutor
 
@@ -55,9 +56,14 @@ class AutoExecutor:
             self.inner = SequentialExecutor()
 
     def run(
-        self, algorithm: Algorithm, payloads: Mapping[int, Message], ctx: RoundContext, data
-    ) -> list[ClientResult]:
-        return self.inner.run(algorithm, payloads, ctx, data)
+        self,
+        algorithm: Algorithm,
+        payloads: Mapping[int, Message],
+        ctx: RoundContext,
+        data,
+        stats: torch.Tensor | None = None,
+    ) -> RoundResults:
+        return self.inner.run(algorithm, payloads, ctx, data, stats)
 
 
 def auto_executor(device: str, chunk_size: int | None) -> AutoExecutor:

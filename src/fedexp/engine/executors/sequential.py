@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import torch
+
 from fedexp.core.algorithm import Algorithm
 from fedexp.core.client_loop import client_streams, no_trace, run_client
-from fedexp.core.types import ClientResult, Message, RoundContext, ServerState
+from fedexp.core.cohort import RoundResults
+from fedexp.core.types import Message, RoundContext, ServerState
 
 
 class SequentialExecutor:
@@ -14,17 +17,33 @@ class SequentialExecutor:
     and optimizer are the algorithm's `ClientConfig`."""
 
     def run(
-        self, algorithm: Algorithm, payloads: Mapping[int, Message], ctx: RoundContext, data
-    ) -> list[ClientResult]:
+        self,
+        algorithm: Algorithm,
+        payloads: Mapping[int, Message],
+        ctx: RoundContext,
+        data,
+        stats: torch.Tensor | None = None,
+    ) -> RoundResults:
+        """Each client of the round as a cohort of one (`run_client`); `stats`: the running
+        statistics broadcast beside the payloads."""
         results = []
         for cid in ctx.client_ids:
             global_seed, generator = client_streams(ctx.seed, ctx.round, cid)
             x, y = data.train(cid)
-            result = run_client(
-                algorithm, cid, payloads[cid], x, y, global_seed, generator, data.batch_transform
+            results.append(
+                run_client(
+                    algorithm,
+                    cid,
+                    payloads[cid],
+                    stats,
+                    x,
+                    y,
+                    global_seed,
+                    generator,
+                    data.batch_transform,
+                )  # fmt: skip
             )
-            results.append(result)
-        return results
+        return RoundResults.concat(results)
 
 
 def train_aside(
@@ -35,7 +54,7 @@ def train_aside(
     state: ServerState,
     round_idx: int,
     client_ids: Sequence[int],
-) -> list[ClientResult]:
+) -> RoundResults:
     """Benign local training of `client_ids` in round `round_idx` from the round's starting
     `state`, outside the round's cohort.
 
@@ -49,7 +68,8 @@ def train_aside(
     """
     ids = tuple(int(c) for c in client_ids)
     if not ids:
-        return []
+        return RoundResults.empty()
     ctx = RoundContext(round_idx, ids, seed)
     with no_trace(algorithm, ids):
-        return executor.run(algorithm, algorithm.configure_round(state, ctx), ctx, data)
+        stats = algorithm.broadcast_stats(state)
+        return executor.run(algorithm, algorithm.configure_round(state, ctx), ctx, data, stats)

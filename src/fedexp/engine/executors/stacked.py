@@ -28,6 +28,7 @@ from torch.func import functional_call, grad_and_value, vmap
 from torch.utils._pytree import tree_map
 
 from fedexp.core.client import ClientModule
+from fedexp.core.client_loop import set_client_inputs
 from fedexp.core.types import ConfigError
 from fedexp.engine.functional_optim import FunctionalOptimizer
 
@@ -230,7 +231,7 @@ def train_stacked(
     global_step = 0
     generator_backup = module.generator
     module.generator = None  # inside vmap, randomness comes from the global RNG
-    vars(module).update(shared_attrs)
+    set_client_inputs(module, shared_attrs)
     try:
         for (name, phase_params, spec), phase in zip(plans, schedules):
             module.current_phase = name  # as `start_phase` sets it sequentially
@@ -310,10 +311,10 @@ def train_looped(
     module.generator = None  # as in the vmap form: randomness comes from the global RNG
     requires = {n: p.requires_grad for n, p in own.items()}
     data = (x_all, y_all, transform, generators)
-    vars(module).update(shared_attrs)
+    set_client_inputs(module, shared_attrs)
     try:
         for i in range(num):
-            vars(module).update(tree_map(lambda t, i=i: t[i], batched_attrs))
+            set_client_inputs(module, tree_map(lambda t, i=i: t[i], batched_attrs))
             with torch.no_grad():
                 for n, p in own.items():
                     p.copy_(start[n][i])
@@ -386,7 +387,7 @@ def vmapped_step(module: ClientModule):
     capture = module.log_capture
 
     def loss_fn(trainable, frozen, buffers, attrs, x, y, batch_idx):
-        vars(module).update(attrs)
+        set_client_inputs(module, attrs)
         state = {f"inner.{n}": t for n, t in {**trainable, **frozen, **buffers}.items()}
         capture.take_step()
         loss = functional_call(wrapper, state, ((x, y), batch_idx))
