@@ -182,9 +182,9 @@ def test_vectorized_matches_sequential(tmp_path, monkeypatch, algorithm):
             check_topk_uploads(vec_states, vec_choices, vec.algorithm.fraction)
         if p_seq is not None:
             torch.testing.assert_close(p_vec, p_seq, rtol=RTOL, atol=ATOL)
-            if stack == "loop" and name != "scaffold":
-                # the loop form runs the sequential executor's operations on the same batches
-                # (SCAFFOLD's control variates divide by the steps as a [C] tensor: ~1e-8)
+            if stack == "loop":
+                # the loop form runs the sequential executor's operations on the same batches,
+                # and both run the one client half (`begin`/`end`): SCAFFOLD included
                 assert torch.equal(p_vec, p_seq)
         for key, value in m_seq.items():
             assert m_vec[key] == pytest.approx(value, abs=1e-5), key
