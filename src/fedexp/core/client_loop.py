@@ -24,7 +24,7 @@ membership-inference audit's targets and shadows) runs inside `no_trace`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -139,9 +139,24 @@ def module_tensors(module: ClientModule) -> tuple[tuple[str, torch.Tensor], ...]
     return module.named_tensors()
 
 
-def module_rows(module: ClientModule) -> dict[str, torch.Tensor]:
-    """The module's parameters and buffers as a cohort of one (views [1, ...], no copy)."""
-    return {n: t.detach().unsqueeze(0) for n, t in module_tensors(module)}
+def module_rows(module: ClientModule) -> Mapping[str, torch.Tensor]:
+    """The module's parameters and buffers as a cohort of one: views [1, ...] (no copy), each
+    made when it is read (an `end` reads few of them)."""
+    return _ModuleRows(module)
+
+
+class _ModuleRows(Mapping):
+    def __init__(self, module: ClientModule):
+        self._tensors = dict(module_tensors(module))
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._tensors[name].detach().unsqueeze(0)
+
+    def __iter__(self):
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
 
 
 def training_facts(

@@ -61,7 +61,7 @@ class CohortTraining:
     steps: list[int]
     mean_loss: torch.Tensor  # [C]
     lrs: tuple[float, ...] = ()  # every phase's optimizer's learning rates, per param group
-    data: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    data: Sequence[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     phases: list[tuple[PhaseTraining, ...]] = field(default_factory=list)  # each client's
 
     @property

@@ -13,6 +13,8 @@ logged values stay on the device (`RoundResults`) until the round's sync.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 from torch.utils._pytree import tree_map
@@ -70,8 +72,7 @@ def run_cohort(
     epochs = sum(e for _, _, e, _ in plans)
     steps = [epochs * -(-n // batch_size) for n in sizes]
     steps_t = torch.tensor([max(k, 1) for k in steps], device=loss_sum.device)
-    cuts = np.cumsum([0, *sizes])
-    local = [(x_all[a:b], y_all[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
+    local = ClientSlices(x_all, y_all, sizes)
     phases = [
         tuple(PhaseTraining(name, e, e * -(-n // batch_size), lrs) for name, _, e, lrs in rates)
         for n in sizes
@@ -82,6 +83,24 @@ def run_cohort(
     logged = {k: log_sums[k] / log_counts[k].clamp(min=1) for k in log_sums}
     stats_up = algorithm.client_stats(module, params)
     return RoundResults(training, upload, logged, log_counts, stats_up)
+
+
+class ClientSlices(Sequence):
+    """Each client's (x, y) of the cohort's samples laid client after client, sliced when read
+    (an `end` that reads none costs nothing per client)."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, sizes):
+        self.x, self.y = x, y
+        self.cuts = np.cumsum([0, *sizes]).tolist()
+
+    def __len__(self) -> int:
+        return len(self.cuts) - 1
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        a, b = self.cuts[i], self.cuts[i + 1]
+        return self.x[a:b], self.y[a:b]
 
 
 def _phase_plans(module) -> tuple[list[tuple[str, tuple[str, ...], int, dict]], list]:
