@@ -39,6 +39,9 @@ SMOKE_SIZES = {
     "checkpoint_every": "1",
 }
 
+# with `resume=`: a run that extends goes past the made run's 3 rounds
+RESUME_SIZES = {"rounds": "4"}
+
 
 @dataclass(frozen=True)
 class DocCommand:
@@ -150,11 +153,12 @@ def smoke_command(command: DocCommand, run_dir: Path, sweep_dir: Path, out: Path
         return ["-m", module, *_claims_smoke(args, out)]
     if module != "fedexp":
         return ["-m", module, *args]
+    sizes = {**SMOKE_SIZES, **(RESUME_SIZES if any(a.startswith("resume=") for a in args) else {})}
     sized = []
     for arg in args:
         key = arg.split("=", 1)[0].lstrip("+")
-        if "=" in arg and key in SMOKE_SIZES:
-            arg = f"{key}={SMOKE_SIZES[key]}"
+        if "=" in arg and key in sizes:
+            arg = f"{key}={sizes[key]}"
         sized.append(arg)
     if any(a in ("--cfg", "--help", "--info") for a in sized):
         return ["-m", "fedexp", *sized]

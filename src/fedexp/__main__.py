@@ -279,8 +279,9 @@ LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # Hydra's, 
 
 def resume_main(args: list[str]) -> None:
     """`python -m fedexp resume=<run dir> [device=... progress=... checkpoint_every=...]` (any
-    of `RESUME_OVERRIDABLE`)."""
-    from fedexp.config.saved import load_run_config
+    of `RESUME_OVERRIDABLE`), and `rounds=N` to extend the run to N rounds."""
+    from fedexp.config.extend import check_extension
+    from fedexp.config.saved import extension_rounds, load_run_config, saved_rounds
     from fedexp.runtime.resume import check_resumable
     from fedexp.runtime.run_dir import claim, refuse
 
@@ -294,8 +295,9 @@ def resume_main(args: list[str]) -> None:
     try:
         if "-m" in overrides or "--multirun" in overrides:
             raise ConfigError("resume: resume one run dir at a time (no -m)")
-        check_resumable(run_dir)
+        check_resumable(run_dir, extension_rounds(overrides))
         cfg, choices, group = load_run_config(run_dir, overrides)
+        check_extension(cfg, saved_rounds(run_dir))  # rounds=N: nothing depends on the total
         claim(run_dir, fresh=False, key="resume")  # before the log below writes into it
     except ConfigError as err:
         refuse(err)

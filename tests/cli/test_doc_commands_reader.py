@@ -60,6 +60,8 @@ def test_smoke_command_cuts_sizes_and_fills_placeholders():
     ]  # fmt: skip
     resume = DocCommand("x.md", 1, "python -m fedexp resume=outputs/runs/2025-01-01/12-00")
     assert smoke_command(resume, run, sweep, out) == ["-m", "fedexp", "resume=/r"]
+    extend = DocCommand("x.md", 1, "python -m fedexp resume=outputs/runs/2025-01-01/12 rounds=100")
+    assert smoke_command(extend, run, sweep, out) == ["-m", "fedexp", "resume=/r", "rounds=4"]
     claims = DocCommand("x.md", 1, "python -m fedexp.claims --seeds 3 --jobs 2")
     argv = smoke_command(claims, run, sweep, out)
     assert argv[:4] == ["-m", "fedexp.claims", "--jobs", "2"] and "3" not in argv

@@ -3,6 +3,7 @@ a resume may change."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from fedexp.errors import ConfigError
 RESUME_OVERRIDABLE = (
     "device", "threads", "malloc_keep", "progress", "progress_every_s", "checkpoint_every"
 )  # fmt: skip
+EXTENDS = "rounds"  # given with resume=, a larger total: the run extends (`fedexp.run.extend`)
 
 
 def read_yaml(path: Path, who: str = "resume") -> DictConfig:
@@ -61,10 +63,10 @@ def load_run_config(
     cfg = add_new_keys(read_yaml(cfg_path))
     for override in overrides:
         key, _, value = override.lstrip("+~").partition("=")
-        if key not in RESUME_OVERRIDABLE:
+        if key not in (*RESUME_OVERRIDABLE, EXTENDS):
             raise ConfigError(
                 f"{key}: a resumed run keeps its config; only {', '.join(RESUME_OVERRIDABLE)} "
-                "may be given with resume="
+                f"may be given with resume= (and {EXTENDS}=N, to extend the run to N rounds)"
             )
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([f"{key}={value}"]))
     OmegaConf.set_struct(cfg, True)
@@ -77,3 +79,59 @@ def load_run_config(
         choices = labelled_choices(choices, OmegaConf.select(cfg, "dataset._target_"))
         group = run_dir.parent.name if str(hydra.get("mode")) == "MULTIRUN" else None
     return cfg, choices, group
+
+
+def saved_rounds(run_dir: str | Path) -> int | None:
+    """`rounds` in a run dir's `.hydra/config.yaml` (None: not a number there, or unreadable)."""
+    try:
+        rounds = OmegaConf.load(Path(run_dir) / ".hydra" / "config.yaml").get(EXTENDS)
+    except Exception:  # `load_run_config` refuses an unreadable config, naming it
+        return None
+    return rounds if isinstance(rounds, int) and not isinstance(rounds, bool) else None
+
+
+def extension_rounds(overrides: Sequence[str]) -> int | None:
+    """The `rounds=N` of a resume's overrides (None: not given); N not a whole number >= 1 is
+    a one-line ConfigError."""
+    given = [o.partition("=")[2] for o in overrides if o.lstrip("+~").partition("=")[0] == EXTENDS]
+    if not given:
+        return None
+    try:
+        rounds = int(given[-1])
+    except ValueError:
+        rounds = 0
+    if rounds < 1 or str(rounds) != given[-1].strip():
+        raise ConfigError(f"{EXTENDS}: a whole number of rounds >= 1, got {given[-1]!r}")
+    return rounds
+
+
+def save_rounds(run_dir: str | Path, rounds: int) -> None:
+    """Record an extended run's new total in its run dir: `rounds` in `.hydra/config.yaml` and
+    `rounds=N` in `.hydra/overrides.yaml` (what a later resume, the report and the final table's
+    title read). Each file is rewritten only where it says otherwise, through a temp file and a
+    rename; a run dir without them (a script's) is left alone."""
+    hydra = Path(run_dir) / ".hydra"
+    path = hydra / "config.yaml"
+    if path.is_file():
+        cfg = OmegaConf.load(path)
+        if cfg.get(EXTENDS) != rounds:
+            cfg[EXTENDS] = rounds
+            _replace(path, OmegaConf.to_yaml(cfg))
+    path = hydra / "overrides.yaml"
+    if path.is_file():
+        items = OmegaConf.to_container(OmegaConf.load(path))
+        if isinstance(items, list):
+            line = f"{EXTENDS}={rounds}"
+            at = [i for i, o in enumerate(items) if str(o).lstrip("+").partition("=")[0] == EXTENDS]
+            new = [line if i in at else o for i, o in enumerate(items)] + ([] if at else [line])
+            if new != items:
+                _replace(path, OmegaConf.to_yaml(OmegaConf.create(new)))
+
+
+def _replace(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -11,6 +11,8 @@ from pathlib import Path
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
+from fedexp.config.extend import check_extension
+from fedexp.config.saved import save_rounds
 from fedexp.config.values import CheckedValues
 from fedexp.core.callbacks import Callback, RunInfo, run_end, run_start
 from fedexp.core.summary import Objective, RunSummary, Timing
@@ -22,9 +24,7 @@ from fedexp.loggers.progress import run_label
 from fedexp.loggers.wandb_labels import swept_values
 from fedexp.run.callbacks import RunCallbacks, build_callbacks
 from fedexp.run.components import Components, build_components, make_orchestrator
-from fedexp.runtime.checkpoint import (
-    CHECKPOINT_FILE,
-)
+from fedexp.runtime.checkpoint import CHECKPOINT_FILE, saved_total
 from fedexp.runtime.final_model import save_final_models
 from fedexp.runtime.fingerprint import data_digest
 from fedexp.runtime.pruning import Pruned
@@ -74,6 +74,8 @@ def _run(c: Components, callbacks: RunCallbacks, choices: dict, group: str | Non
         choices=choices,
         checkpoint_file=CHECKPOINT_FILE,
     )
+    if c.checkpoint is not None:
+        record_total(c)
     run_start(orch.callbacks, info)
     state, start_round = None, 1
     if c.checkpoint is not None:
@@ -110,6 +112,15 @@ def _run(c: Components, callbacks: RunCallbacks, choices: dict, group: str | Non
     )
     run_end(orch.callbacks, summary)
     return summary
+
+
+def record_total(c: Components) -> None:
+    """A resume that extends the run (`rounds` above the total its checkpoint was written with)
+    says so, and its run dir's saved config takes the new total."""
+    saved, total = saved_total(c.checkpoint), int(c.cfg.rounds)
+    if saved is not None and saved != total:
+        log.info("extending the run from %d to %d rounds", saved, total)
+    save_rounds(c.run_dir, total)  # rewrites only a file that says another total
 
 
 def run_warnings(c: Components, rounds: int) -> list[str]:
@@ -165,6 +176,8 @@ class Experiment:
     ):
         """`checked`: what `check_config_values(cfg)` returned, where it ran already."""
         self.components = build_components(cfg, run_dir, resume, checked=checked)
+        if self.components.checkpoint is not None:  # rounds=N: nothing depends on the total
+            check_extension(cfg, saved_total(self.components.checkpoint))
 
     def __getattr__(self, name: str):
         components = self.__dict__.get("components")

@@ -178,7 +178,19 @@ def load_checkpoint(
             f"resume: {path} is damaged: its content does not match the checksum saved with it "
             "(changed on disk since it was written); restore the file or start the run again"
         )
-    if expected_hash is not None and payload.get("config_hash") != expected_hash:
+    if expected_hash is not None:
+        check_config_hash(payload, expected_hash, path)
+    return payload
+
+
+def check_config_hash(payload: dict, expected_hash: str, path: str | Path) -> None:
+    """The checkpoint was written for the config whose hash is `expected_hash` (`config_hash`),
+    its total number of rounds aside (a run that extends: `fedexp.config.extend`); else a
+    one-line ConfigError naming the first key that differs."""
+    total = saved_total(payload)
+    if isinstance(expected_hash, ConfigDigest) and total is not None:
+        expected_hash = config_hash({**expected_hash.stable, "rounds": total})
+    if payload.get("config_hash") != expected_hash:
         diff = None
         if isinstance(expected_hash, ConfigDigest):
             diff = first_difference(expected_hash.stable, payload.get("resolved_config"))
@@ -187,7 +199,13 @@ def load_checkpoint(
             f"resume: {path} was written for a different config than the run dir's "
             f".hydra/config.yaml resolves to now (config hash mismatch{detail})"
         )
-    return payload
+
+
+def saved_total(payload: dict) -> int | None:
+    """The total number of rounds of the run that wrote the checkpoint (None: not recorded)."""
+    resolved = payload.get("resolved_config")
+    rounds = resolved.get("rounds") if isinstance(resolved, dict) else None
+    return rounds if isinstance(rounds, int) and not isinstance(rounds, bool) else None
 
 
 # what a resume reads of each section (`Checkpointer.restore`, `Orchestrator.load_state_dict`)

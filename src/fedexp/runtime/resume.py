@@ -24,6 +24,7 @@ from fedexp.runtime.checkpoint import (
     data_digest,
     rng_state,
     save_checkpoint,
+    saved_total,
     set_rng_state,
 )
 from fedexp.runtime.signals import Interrupted, StopSignals
@@ -147,6 +148,9 @@ class Checkpointer(Callback):
         algorithm's state from `init_state()` next to the saved one (the same tensors, shapes
         and dtypes), the client store, the components' states and the RNG streams loaded. A
         checkpoint that does not fit is a one-line ConfigError; a resume then changes nothing."""
+        total, done = self.hash.stable.get("rounds"), int(payload["round"])
+        if total != saved_total(payload) and isinstance(total, int) and total <= done:
+            raise ConfigError(not_an_extension(done, total))  # a run killed after round `done`
         try:
             fresh = algorithm.init_state()
             server = payload["server"]
@@ -237,26 +241,60 @@ RUN_FILES = (
 )
 
 
-def check_resumable(run_dir: str | Path) -> None:
-    """A run dir `python -m fedexp resume=<run dir>` can continue: its files are files, it has not
-    completed, and it holds a checkpoint; anything else is a one-line ConfigError. Its saved
-    config: `fedexp.config.saved.load_run_config`."""
+def check_resumable(run_dir: str | Path, rounds: int | None = None) -> None:
+    """A run dir `python -m fedexp resume=<run dir>` can continue: its files are files, it has
+    rounds left to run (a completed run only with `rounds`, the new total, above the rounds it
+    ran: an extension), and it holds a checkpoint; anything else is a one-line ConfigError. Its
+    saved config: `fedexp.config.saved.load_run_config`."""
     run_dir = Path(run_dir)
     if not (run_dir / ".hydra" / "config.yaml").exists():
         raise ConfigError(f"resume: {run_dir} is not a run dir (no .hydra/config.yaml)")
     for name in RUN_FILES:  # what a resume reads, rewrites or appends to
         if (run_dir / name).exists() and not (run_dir / name).is_file():
             raise ConfigError(f"resume: {run_dir / name} is not a file; the run dir is damaged")
-    summary_path = run_dir / "summary.json"
-    if summary_path.exists():
-        try:
-            status = RunSummary.from_dict(json.loads(summary_path.read_text())).status
-        except (json.JSONDecodeError, ValueError):
-            status = None
-        if status == "completed":
-            raise ConfigError(f"resume: {run_dir} already completed all its rounds")
+    summary = _saved_summary(run_dir)
+    done = summary.rounds_completed if summary is not None else None
+    if rounds is not None and done is not None:
+        if rounds <= done:
+            raise ConfigError(not_an_extension(done, rounds))
+    elif summary is not None and summary.status == "completed":
+        # an extension stopped before its end: the saved config has more rounds than the
+        # summary's (of the run it extends)
+        total, ran = _saved_rounds(run_dir), (summary.config or {}).get("rounds")
+        if not (isinstance(total, int) and isinstance(ran, int) and total > ran):
+            raise ConfigError(
+                f"resume: {run_dir} already completed all its rounds ({done}); extend it "
+                f"with rounds=N, N > {done}"
+            )
     if not (run_dir / CHECKPOINT_FILE).exists():
         raise ConfigError(
-            f"resume: {run_dir} has no {CHECKPOINT_FILE} (stopped before its first checkpoint; "
-            "checkpoint_every sets how often they are written)"
+            f"resume: {run_dir} has no {CHECKPOINT_FILE} (no checkpoint was written in the "
+            "rounds it ran; checkpoint_every sets how often they are written)"
         )
+
+
+def not_an_extension(done: int, rounds: int) -> str:
+    return (
+        f"rounds: the run has done {done} rounds; rounds={rounds} does not extend it "
+        f"(give more than {done})"
+    )
+
+
+def _saved_summary(run_dir: Path) -> RunSummary | None:
+    """The run dir's summary.json (None: none, or unreadable)."""
+    path = run_dir / "summary.json"
+    if not path.exists():
+        return None
+    try:
+        return RunSummary.from_dict(json.loads(path.read_text()))
+    except (json.JSONDecodeError, ValueError, AttributeError, TypeError):
+        return None
+
+
+def _saved_rounds(run_dir: Path) -> int | None:
+    """`rounds` in the run dir's .hydra/config.yaml (None: not a number there)."""
+    try:
+        rounds = OmegaConf.load(run_dir / ".hydra" / "config.yaml").get("rounds")
+    except Exception:  # an unreadable config is refused, naming it, by `load_run_config`
+        return None
+    return rounds if isinstance(rounds, int) and not isinstance(rounds, bool) else None
