@@ -3,7 +3,8 @@ the final models a run saved (`model.pt`, `personal_models/`; `fedexp.runtime.fi
 
 The run's components are rebuilt from its `.hydra/config.yaml` (the data, partitioned as in
 the run, and the algorithm, whose evaluation modules take the saved weights), and the saved
-global and personal models are evaluated exactly as a run evaluates them
+global and personal models are evaluated exactly as a run evaluates them (fine-tuned copies of
+the global model too, where the run set `eval.finetune_epochs`)
 (`fedexp.engine.eval.all_clients.evaluate`): the same metric names (`eval/global/acc`,
 `eval/personal/acc_mean`, ...; `eval/val/...` with `split=val`), and on the run's own data the
 same values as the run's final evaluation. They go to `<run dir>/evaluate/<split>.json`
@@ -29,6 +30,7 @@ from fedexp.config.pool import resolve_server_pool
 from fedexp.config.saved import add_new_keys, read_yaml
 from fedexp.core.algorithm import PersonalBatch
 from fedexp.engine.eval.all_clients import evaluate
+from fedexp.engine.eval.finetuned import Finetune
 from fedexp.errors import ConfigError
 from fedexp.loggers.files import write_json_atomic
 from fedexp.runtime.checkpoint import config_hash
@@ -226,9 +228,14 @@ def evaluate_run(
             "split: val, but the run has no validation split (partition.val_fraction)"
         )
     personal_clients = OmegaConf.select(cfg, "eval.personal_clients", default=None)
+    epochs = OmegaConf.select(cfg, "eval.finetune_epochs", default=0) or 0
+    # the run's fine-tuning, keyed by the saved model's round: its final eval/finetuned/*
+    finetune = Finetune(epochs, c.client, models.saved["meta"]["round"]) if epochs else None
     try:
         with torch.no_grad():
-            scalars, per_client = evaluate(models, None, c.data, personal_clients, cfg.seed)
+            scalars, per_client = evaluate(
+                models, None, c.data, personal_clients, cfg.seed, finetune
+            )
     except RuntimeError as err:  # weights that do not fit the model built for this data
         first = (str(err).strip().splitlines() or [""])[0][:160]
         raise ConfigError(f"the saved model does not fit this data ({first})") from None

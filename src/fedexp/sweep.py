@@ -25,7 +25,8 @@ from fedexp.report import data_differences, fmt, group_runs, group_warnings, mea
 
 log = logging.getLogger(__name__)
 # the columns besides the objective, when some run has them
-SHOWN = ("eval/global/acc", "eval/personal/acc_mean", "eval/group/gap", "privacy/mia_auc")
+SHOWN = ("eval/global/acc", "eval/personal/acc_mean", "eval/finetuned/acc_mean", "eval/group/gap")
+SHOWN += ("privacy/mia_auc",)
 
 
 class QuietSetup(Callback):

@@ -221,6 +221,7 @@ OBJECTIVE_PATTERNS = (
     r"eval/(val/)?global/acc",
     r"eval/(val/)?global/client_acc_(mean|std|var|min|p10|max)",
     r"eval/(val/)?personal/acc_(mean|std|var|min|p10|max)",
+    r"eval/(val/)?finetuned/acc_(mean|std|var|min|p10|max)",
     r"eval/group/gap",
     r"eval/group/[A-Za-z0-9_]+/acc_mean",
     r"privacy/[A-Za-z0-9_@%.]+",

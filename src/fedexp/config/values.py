@@ -155,6 +155,7 @@ SCALARS: dict[str, tuple[Any, tuple | None]] = {
     "clients_per_round": (int, (">=", 1)),
     "eval_every": (int, (">=", 1)),
     "eval.personal_clients": (int | None, (">=", 1)),
+    "eval.finetune_epochs": (int, (">=", 0)),
     "device": (str, None),
     "progress": (bool, None),
     "malloc_keep": (bool, None),

@@ -168,7 +168,11 @@ def metric_title(key: str) -> str:
         if name == "gap":
             return f"{split} acc gap, best - worst client group"
         return f"{split} {measure}, client group {'/'.join(rest[1:-1])}"
-    model = {"global": "global model", "personal": "personal models"}.get(kind, kind)
+    model = {
+        "global": "global model",
+        "personal": "personal models",
+        "finetuned": "fine-tuned global model",
+    }.get(kind, kind)
     stat = name.rsplit("_", 1)[-1] if "_" in name else ""
     where = _STATS.get(stat, "pooled")
     return f"{split} {measure}, {model}, {where}"

@@ -14,6 +14,7 @@ from fedexp.core.cohort import RoundResults
 from fedexp.core.seeding import sample_clients
 from fedexp.core.types import Diverged, RoundContext, ServerState, malicious_count
 from fedexp.engine.eval.all_clients import evaluate
+from fedexp.engine.eval.finetuned import Finetune
 from fedexp.engine.executors.sequential import train_aside
 from fedexp.metrics.comm import stats_bits
 
@@ -44,6 +45,7 @@ class Orchestrator:
         eval_every: int,
         callbacks: Sequence[Callback] = (),
         personal_clients: int | None = None,
+        finetune_epochs: int = 0,
     ):
         self.algorithm = algorithm
         self.executor = executor
@@ -55,6 +57,7 @@ class Orchestrator:
         self.clients_per_round = min(clients_per_round, data.num_clients)
         self.eval_every = eval_every
         self.personal_clients = personal_clients  # None: every client's personal model
+        self.finetune_epochs = finetune_epochs  # K > 0: eval/finetuned/* at each evaluation
         self.callbacks = list(callbacks)
         self.train_data = attack.wrap_data(data)
         # attackers may train benignly beyond a round's cohort to learn more benign updates
@@ -116,7 +119,12 @@ class Orchestrator:
             evaluated = t % self.eval_every == 0 or t == self.rounds
             if evaluated:
                 scalars, self.client_accs = evaluate(
-                    self.algorithm, state, self.data, self.personal_clients, self.seed
+                    self.algorithm,
+                    state,
+                    self.data,
+                    self.personal_clients,
+                    self.seed,
+                    self.finetune(t),
                 )
                 metrics.update(scalars)
                 self.last_eval = metrics
@@ -126,6 +134,12 @@ class Orchestrator:
             for callback in self.callbacks:
                 callback.on_round_end(report)
         return self.last_eval
+
+    def finetune(self, t: int) -> Finetune | None:
+        """Fine-tuning at round `t`'s evaluation (`eval.finetune_epochs`), or None when off."""
+        if self.finetune_epochs == 0:
+            return None
+        return Finetune(self.finetune_epochs, self.algorithm.ctx.client, t)
 
     def report(self, metrics: dict, evaluated: bool) -> RoundReport:
         """The current round as callbacks see it (copies: a report never changes)."""

@@ -17,6 +17,7 @@ FINAL = (
     "eval/global/client_acc_mean",
     "eval/personal/acc_mean",
     "eval/personal/acc_min",
+    "eval/finetuned/acc_mean",
     "eval/group/gap",
     "eval/global/loss",
     "eval/global/client_loss_mean",

@@ -33,6 +33,7 @@ from fedexp.data.federated import FederatedData
 from fedexp.data.schemes import check_client_count
 from fedexp.data.server_pool import reserve_server_pool
 from fedexp.engine.aggregation import check_aggregator
+from fedexp.engine.eval.finetuned import check_finetune
 from fedexp.engine.orchestrator import Orchestrator
 from fedexp.runtime.allocator import keep_freed_blocks
 from fedexp.runtime.checkpoint import (
@@ -68,6 +69,18 @@ def resolve_objective(name: str, algorithm, has_val: bool) -> str:
     if "/global/" in name and not has_global:
         raise ConfigError(f"objective: {name}: this algorithm has no global model")
     return name
+
+
+def _objective(cfg: DictConfig, algorithm, has_val: bool) -> str:
+    """The run's objective resolved, and fine-tuning checked against the algorithm and it."""
+    objective = resolve_objective(str(cfg.get("objective", "auto")), algorithm, has_val)
+    check_finetune(finetune_epochs(cfg), algorithm, objective)
+    return objective
+
+
+def finetune_epochs(cfg: DictConfig) -> int:
+    """`eval.finetune_epochs` (0, off, where a run dir's config predates it)."""
+    return int(OmegaConf.select(cfg, "eval.finetune_epochs", default=0) or 0)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -283,7 +296,7 @@ def build_components(
     )
     algorithm = build(cfg.algorithm, "algorithm", ctx=ctx)
     check_aggregator(ctx.aggregator, algorithm)
-    objective = resolve_objective(str(cfg.get("objective", "auto")), algorithm, data.has_val)
+    objective = _objective(cfg, algorithm, data.has_val)
     attack = _attack(cfg, ctx, algorithm, data.num_clients)
     executor = _executor(cfg, algorithm, data.num_clients)
     # audits watch the run at its evaluations (privacy=mia, ...)
@@ -322,4 +335,5 @@ def make_orchestrator(c: Components, algorithm=None, callbacks=()) -> Orchestrat
         eval_every=cfg.eval_every,
         callbacks=callbacks,
         personal_clients=OmegaConf.select(cfg, "eval.personal_clients", default=None),
+        finetune_epochs=finetune_epochs(cfg),
     )

@@ -1,6 +1,6 @@
 """Evaluation over all clients: the global model (pooled test set and each client's local test
-split) and each client's personal model on its local test split; accuracy, and the mean
-cross-entropy beside it from the same logits."""
+split), each client's personal model and each client's fine-tuned copy of the global model on
+its local test split; accuracy, and the mean cross-entropy beside it from the same logits."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 
 from fedexp.core.algorithm import Algorithm
 from fedexp.core.types import ServerState
+from fedexp.engine.eval.finetuned import Finetune, finetuned_outcomes
 from fedexp.engine.eval.hits import (
     accuracies_from_hits,
     losses_from_samples,
@@ -95,26 +96,42 @@ def _global_metrics(model, data, splits, prefix: dict) -> tuple[dict[str, float]
     return metrics, test_accs
 
 
+def _per_client_metrics(kind: str, found, splits, prefix: dict) -> tuple[dict, np.ndarray]:
+    """`eval/<kind>/acc_*` and `loss_mean` (and their `eval/val/` forms) of per-client
+    (accuracies, mean losses) by split; returns them and the test accuracies."""
+    metrics: dict[str, float] = {}
+    for split in splits:
+        accs, losses = found[split]
+        metrics.update(distribution(f"{prefix[split]}/{kind}", accs))
+        metrics[f"{prefix[split]}/{kind}/loss_mean"] = client_mean(losses)
+    return metrics, found["test"][0]
+
+
 def evaluate(
     algorithm: Algorithm,
     state: ServerState,
     data,
     personal_clients: int | None = None,
     seed: int = 0,
+    finetune: Finetune | None = None,
 ) -> tuple[dict, dict]:
     """Returns (scalar metrics, per-client accuracy lists).
 
-    Test metrics are `eval/global/...` and `eval/personal/...`; where the clients have validation
-    splits the same measures on validation data are `eval/val/global/...` (the pooled validation
-    set is the union of the local validation splits) and `eval/val/personal/...`. Personal models
-    are evaluated in batched passes (`fedexp.engine.eval.personal`), of every client or, with
+    Test metrics are `eval/global/...`, `eval/personal/...` and `eval/finetuned/...`; where the
+    clients have validation splits the same measures on validation data are
+    `eval/val/global/...` (the pooled validation set is the union of the local validation
+    splits), `eval/val/personal/...` and `eval/val/finetuned/...`. Personal models are evaluated
+    in batched passes (`fedexp.engine.eval.personal`), of every client or, with
     `personal_clients`, of a seeded sample of that many (`personal_sample`; their ids are then
-    listed under `personal_clients`).
+    listed under `personal_clients`). With `finetune` (and a global model) the same clients each
+    fine-tune a copy of the global model on their training split (`fedexp.engine.eval.finetuned`)
+    and the copies are measured as personal models are.
 
     Beside each mean accuracy is the mean cross-entropy, from the logits of the same passes:
     `eval/global/loss` (over the samples of the pooled set, as `eval/global/acc`),
-    `eval/global/client_loss_mean` and `eval/personal/loss_mean` (each client's mean, then the
-    mean over clients, as the acc_mean beside them), and their `eval/val/` forms.
+    `eval/global/client_loss_mean`, `eval/personal/loss_mean` and `eval/finetuned/loss_mean`
+    (each client's mean, then the mean over clients, as the acc_mean beside them), and their
+    `eval/val/` forms.
     """
     metrics: dict[str, float] = {}
     per_client: dict[str, list[float]] = {}
@@ -125,13 +142,15 @@ def evaluate(
         found, per_client["global"] = _global_metrics(model, data, splits, prefix)
         metrics.update(found)
     clients = personal_sample(data.num_clients, personal_clients, seed)
+    # fine-tuned first: an algorithm may load personal models into its global model's module
+    finetuned = finetuned_outcomes(model, data, clients, splits, finetune, seed)
     personal = personal_outcomes(algorithm, state, data, clients, splits)
-    for split in splits if personal is not None else ():
-        accs, losses = personal[split]
-        metrics.update(distribution(f"{prefix[split]}/personal", accs))
-        metrics[f"{prefix[split]}/personal/loss_mean"] = client_mean(losses)
-        if split == "test":
-            per_client["personal"] = accs.tolist()
+    per_model = {"personal": personal, "finetuned": finetuned}
+    for kind, found in per_model.items():
+        if found is not None:
+            scalars, accs = _per_client_metrics(kind, found, splits, prefix)
+            metrics.update(scalars)
+            per_client[kind] = accs.tolist()
             if personal_clients is not None:
                 per_client["personal_clients"] = clients.tolist()
     if data.groups is not None and per_client:
