@@ -28,7 +28,7 @@ from torch import nn
 
 from fedexp.core.algorithm import Algorithm, BuildContext
 from fedexp.core.client import ClientModule, Phase
-from fedexp.core.client_loop import train_local
+from fedexp.core.client_loop import set_round, train_local
 from fedexp.core.cohort import CohortStart, resident
 from fedexp.core.flat import flat_params, load_flat
 from fedexp.core.local import LocalTraining
@@ -85,6 +85,7 @@ class Centralised(Algorithm):
         x, y = self.pooled(ctx.client_ids)
         transform = getattr(self.ctx.data, "batch_transform", None)
         batch_size = self.ctx.client.batch_size
+        set_round(self.module, ctx.round)  # the round's lr (`client.lr_schedule`)
         return train_local(self.module, x, y, batch_size, generator, transform)
 
     def aggregate(

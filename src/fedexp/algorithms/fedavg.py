@@ -32,6 +32,7 @@ from fedexp.core.flat import (
     share_model_storage,
     shared_buffer,
 )
+from fedexp.core.schedules import LRSchedule
 from fedexp.core.seeding import INIT, derive_seed
 from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext, ServerState, Weights
 from fedexp.models.running_stats import (
@@ -57,6 +58,11 @@ class FedAvg(Algorithm):
         weighting: str,
         server_lr: float,
         server_momentum: float,
+        server_lr_schedule: str = "constant",
+        server_lr_decay: float = 0.999,
+        server_lr_step_rounds: int = 10,
+        server_lr_min: float = 0.0,
+        server_lr_warmup_rounds: int = 5,
     ):
         super().__init__(ctx)
         if weighting not in ("samples", "uniform"):
@@ -66,6 +72,12 @@ class FedAvg(Algorithm):
         self.weighting = weighting
         self.server_lr = server_lr
         self.server_momentum = server_momentum
+        # round t steps at server_schedule.at(server_lr, t) (`fedexp.core.schedules`); T for
+        # cosine: the run's total, which the config's checks give the client config
+        self.server_schedule = LRSchedule(
+            server_lr_schedule, server_lr_decay, server_lr_step_rounds, server_lr_min,
+            server_lr_warmup_rounds, ctx.client.rounds,
+        ).check("algorithm.server_lr_", server_lr)  # fmt: skip
         self.module = self.make_module(self.build_model())
         self.eval_model = self.build_model()
 
@@ -152,19 +164,43 @@ class FedAvg(Algorithm):
         step = self.ctx.aggregator(
             updates, self.client_weights(results), num_malicious=ctx.num_malicious
         )
-        return self.server_step(state, step, results), {}
+        return self.server_step(state, step, results, ctx.round), {}
+
+    @classmethod
+    def depends_on_rounds(cls, cfg) -> list[str]:
+        """`algorithm.server_lr_schedule=cosine` anneals over the run's total rounds
+        (`fedexp.config.extend`)."""
+        if cfg.get("algorithm", {}).get("server_lr_schedule") == "cosine":
+            return ["algorithm.server_lr_schedule=cosine"]
+        return []
+
+    def server_lr_at(self, round_idx: int | None) -> float:
+        """The server lr of round `round_idx` (`algorithm.server_lr_schedule`; None or the
+        constant schedule: `server_lr` itself)."""
+        if round_idx is None:
+            return self.server_lr
+        return self.server_schedule.at(self.server_lr, round_idx)
+
+    def round_lrs(self, round_idx: int) -> dict[str, float]:
+        return {**super().round_lrs(round_idx), "train/server_lr": self.server_lr_at(round_idx)}
 
     def server_step(
-        self, state: ServerState, step: torch.Tensor, results: RoundResults
+        self,
+        state: ServerState,
+        step: torch.Tensor,
+        results: RoundResults,
+        round_idx: int | None = None,
     ) -> ServerState:
-        """w <- w + server_lr * v, v <- server_momentum * v + step (the aggregated update), and
-        the clients' running statistics averaged in."""
+        """w <- w + lr_t * v, v <- server_momentum * v + step (the aggregated update), and the
+        clients' running statistics averaged in; lr_t the server lr of round `round_idx`
+        (`server_lr_at`)."""
         buffers = dict(state.buffers)  # the caller's state stays as it was
         if self.server_momentum:
             buf = buffers.get("momentum")
             step = step if buf is None else self.server_momentum * buf + step
             buffers["momentum"] = step
-        step = step if self.server_lr == 1.0 else self.server_lr * step  # x * 1.0 == x
+        lr = self.server_lr_at(round_idx)
+        step = step if lr == 1.0 else lr * step  # x * 1.0 == x
         return self.with_averaged_stats(ServerState(state.params + step, buffers), results)
 
     # ---- client: one cohort (a single client on the sequential executor) ----------------------

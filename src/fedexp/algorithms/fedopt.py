@@ -69,6 +69,9 @@ class FedOpt(FedAvg):
         tau: the adaptivity tau (> 0); v starts at tau^2.
         beta1: first-moment decay, in [0, 1).
         beta2: second-moment decay of Adam and Yogi, in [0, 1).
+        server_lr_schedule, server_lr_decay, server_lr_step_rounds, server_lr_min,
+            server_lr_warmup_rounds: eta across rounds, as FedAvg's (`fedexp.core.schedules`;
+            constant by default).
     """
 
     def __init__(
@@ -80,6 +83,11 @@ class FedOpt(FedAvg):
         tau: float,
         beta1: float,
         beta2: float,
+        server_lr_schedule: str = "constant",
+        server_lr_decay: float = 0.999,
+        server_lr_step_rounds: int = 10,
+        server_lr_min: float = 0.0,
+        server_lr_warmup_rounds: int = 5,
     ):
         if server_optimizer not in SERVER_OPTIMIZERS:
             raise ConfigError(
@@ -93,7 +101,12 @@ class FedOpt(FedAvg):
                 raise ConfigError(f"algorithm.{key}: must be in [0, 1), got {beta}")
         self.server_optimizer = server_optimizer
         self.tau, self.beta1, self.beta2 = float(tau), float(beta1), float(beta2)
-        super().__init__(ctx, weighting=weighting, server_lr=server_lr, server_momentum=0.0)
+        super().__init__(
+            ctx, weighting=weighting, server_lr=server_lr, server_momentum=0.0,
+            server_lr_schedule=server_lr_schedule, server_lr_decay=server_lr_decay,
+            server_lr_step_rounds=server_lr_step_rounds, server_lr_min=server_lr_min,
+            server_lr_warmup_rounds=server_lr_warmup_rounds,
+        )  # fmt: skip
 
     def init_state(self) -> ServerState:
         state = super().init_state()
@@ -114,7 +127,7 @@ class FedOpt(FedAvg):
             delta,
             state.buffers["m"],
             state.buffers["v"],
-            self.server_lr,
+            self.server_lr_at(ctx.round),
             self.tau,
             self.beta1,
             self.beta2,

@@ -81,8 +81,9 @@ class FRLClientModule(ClientModule):
         return self.round_lr_decay != 1.0 or self.local_lr_schedule != "constant"
 
     def lr_at(self, round_idx: int, epoch: int = 0) -> float:
-        """The lr of local epoch `epoch` (0-based) in round `round_idx` (1-based)."""
-        lr = round_lr(self.client.lr, self.round_lr_decay, round_idx)
+        """The lr of local epoch `epoch` (0-based) in round `round_idx` (1-based), from the
+        round's client lr (`client.lr_at`: `client.lr` under the constant schedule)."""
+        lr = round_lr(self.client.lr_at(round_idx), self.round_lr_decay, round_idx)
         if self.local_lr_schedule == "cosine":
             lr *= cosine_factor(epoch, self.client.local_epochs)
         return lr
@@ -181,6 +182,12 @@ class FRL(Algorithm):
         self.module.round_idx = ctx.round  # the round's client lr (`FRLClientModule.lr_at`)
         payload = Ranking(tuple(state.buffers["global_ranking"]))
         return {cid: payload for cid in ctx.client_ids}
+
+    def round_lrs(self, round_idx: int) -> dict[str, float]:
+        """The round's client lr with the reference code's decay (its first local epoch's)."""
+        if self.ctx.client.optimizer == "module":
+            return {}
+        return {"train/client_lr": self.module.lr_at(round_idx)}
 
     def aggregate(
         self, state: ServerState, results: Sequence[ClientResult], ctx: RoundContext

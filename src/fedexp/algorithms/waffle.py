@@ -34,7 +34,7 @@ from torch import nn
 
 from fedexp.algorithms.fedavg import FedAvg
 from fedexp.core.algorithm import BuildContext
-from fedexp.core.client import ClientModule, JointOptimizer, Phase, build_optimizer
+from fedexp.core.client import ClientModule, JointOptimizer, Phase, make_optimizer
 from fedexp.core.cohort import CohortStart, flat_rows
 from fedexp.core.flat import flat_params, load_flat, named_views
 from fedexp.core.local import ClientConfig
@@ -121,9 +121,10 @@ class WaffleModule(ClientModule):
         # Adam for {π̃, c, d}: their gradients are orders of magnitude smaller than the
         # weights' (each factor is a small part of the output), so plain SGD leaves them at the
         # prior and no client ever personalises
-        lr = self.variational_lr or self.client.lr
+        spec = self.round_spec()  # the round's lr (`client.lr_schedule`)
+        lr = self.variational_lr or spec[1]["lr"]
         optimizer = torch.optim.Adam if self.variational_optimizer == "adam" else torch.optim.SGD
-        return JointOptimizer(build_optimizer(model, self.client), optimizer(post, lr=lr))
+        return JointOptimizer(make_optimizer(model, spec), optimizer(post, lr=lr))
 
 
 class WAFFLe(FedAvg):

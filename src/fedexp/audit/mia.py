@@ -276,8 +276,9 @@ class MembershipInferenceAudit:
         generator = client_generator(derive_seed(self.ctx.seed, MIA_STREAM), round_idx, client_id)
         transform = self.ctx.data.batch_transform
         result = run_client(
-            algorithm, client_id, payload, stats, x, y, global_seed, generator, transform
-        )[0]
+            algorithm, client_id, payload, stats, x, y, global_seed, generator, transform,
+            round_idx=round_idx,
+        )[0]  # fmt: skip
         model = algorithm.eavesdropped_model(payload, result.upload)
         if model is not None:  # the statistics travel beside the upload, where they travel
             algorithm.load_stats(model, result.stats)

@@ -10,9 +10,11 @@ What does is refused before anything is written, one line naming the option
 - what a component declares: a `_target_` (an algorithm, attack, audit or executor class, a
   model factory, ...) may define `depends_on_rounds(cfg)` (a classmethod or staticmethod)
   returning its options whose effect depends on the run's length, as `key=value` lines (a
-  learning rate annealed to 0 at the last round: `["algorithm.lr_schedule=to_zero"]`). None of
-  fedexp's own components needs it: their schedules count rounds from the first
-  (`tau_anneal_rounds`, `eta_schedule`, `round_lr_decay`), never from the last.
+  learning rate annealed to 0 at the last round: `["algorithm.lr_schedule=to_zero"]`), and so
+  do the owners of settings that are no component (`OWNERS`: `client.*`'s `ClientConfig`).
+  fedexp's own: the cosine schedules over the run (`client.lr_schedule=cosine`, FedAvg's and
+  FedOpt's `algorithm.server_lr_schedule=cosine`); its other schedules count rounds from the
+  first (`tau_anneal_rounds`, `eta_schedule`, `round_lr_decay`, the other lr schedules).
 
 The checkpoint's config hash is compared at the total it was written with
 (`fedexp.runtime.checkpoint.check_config_hash`); the rounds the run has done are checked against
@@ -28,11 +30,14 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from fedexp.config.saved import EXTENDS, RESUME_OVERRIDABLE
 from fedexp.config.validation import components
+from fedexp.core.local import ClientConfig
 from fedexp.errors import ConfigError
 
 HOOK = "depends_on_rounds"
 # the total itself, and keys that change no result: whatever they follow, not refused
 IGNORED = (EXTENDS, "resume", *RESUME_OVERRIDABLE)
+# owners of settings that are no component (no `_target_`), asked as components are
+OWNERS = (ClientConfig,)
 
 
 def check_extension(cfg: DictConfig, old: int | None) -> None:
@@ -57,7 +62,7 @@ def rounds_dependent(cfg: DictConfig, old: int) -> list[str]:
         for key, then, now in differences(resolved(with_rounds(cfg, old)), resolved(cfg))
         if key.split(".")[0] not in IGNORED
     ]
-    for _key, obj in components(cfg):
+    for obj in (*OWNERS, *(obj for _key, obj in components(cfg))):
         hook = getattr(obj, HOOK, None)
         if callable(hook):
             found += [str(line) for line in hook(cfg) or ()]

@@ -200,6 +200,13 @@ class Algorithm:
         """Static facts to report once (e.g. parameter counts)."""
         return {}
 
+    def round_lrs(self, round_idx: int) -> dict[str, float]:
+        """The learning rates of round `round_idx`, reported in its metrics: `train/client_lr`,
+        the clients' lr that round (`client.lr_schedule`; none where the model's own
+        `configure_optimizers` sets it), and `train/server_lr` where the server has one."""
+        client = self.ctx.client
+        return {} if client.optimizer == "module" else {"train/client_lr": client.lr_at(round_idx)}
+
     def run_warnings(self, rounds: int) -> list[str]:
         """What in this algorithm's settings changes what its numbers mean over a run of
         `rounds` rounds (a part that never trains, a term that is never on), one line each,

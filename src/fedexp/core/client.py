@@ -136,7 +136,11 @@ class ClientModule(nn.Module):
         # the name of the phase being trained (`Phase.name`), set by every executor before the
         # phase's steps: an objective with several phases may branch on it in `training_step`
         self.current_phase: str | None = None
+        # the round being trained (1-based), set by every executor with the client's inputs
+        # (`fedexp.core.client_loop.set_round`): the optimizer's lr is `client.lr_at(round_idx)`
+        self.round_idx = 1
         self._optimizer_spec = client.optimizer_spec
+        self._scheduled = client.lr_schedule != "constant"
         self._local_epochs = client.local_epochs
         self._log_capture = LogCapture()
         self._local_data: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -236,9 +240,17 @@ class ClientModule(nn.Module):
                 p.requires_grad_(id(p) in keep)
         self.__dict__["_phase_params"] = phase.params
 
+    def round_spec(self) -> tuple[str, dict[str, float]]:
+        """(name, keyword arguments) of the client optimizer in the round being trained: its lr
+        `client.lr_at(round_idx)` (`client.lr` itself under the constant schedule)."""
+        if not self._scheduled:
+            return self._optimizer_spec
+        return self.client.round_spec(self.round_idx)
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        """`client.optimizer` over the phase's parameters; with `client.optimizer=module` the
-        model's own optimizer (the phase's frozen parameters get no gradient, so no step)."""
+        """`client.optimizer` over the phase's parameters at the round's lr (`round_spec`);
+        with `client.optimizer=module` the model's own optimizer (the phase's frozen parameters
+        get no gradient, so no step)."""
         if self._optimizer_spec[0] == "module":
             return user_optimizer(self.model)
-        return make_optimizer(self._phase_params, self._optimizer_spec)
+        return make_optimizer(self._phase_params, self.round_spec())

@@ -126,6 +126,12 @@ def set_client_inputs(module: ClientModule, values) -> None:
         object.__setattr__(module, name, value)
 
 
+def set_round(module: ClientModule, round_idx: int) -> None:
+    """Tell the module the round it trains (`ClientModule.round_idx`, 1-based): its optimizer's
+    lr is that round's (`client.lr_schedule`). Every executor calls it with the client's inputs."""
+    object.__setattr__(module, "round_idx", int(round_idx))
+
+
 def _row(value, row: int):
     return value[row] if isinstance(value, torch.Tensor) else value
 
@@ -180,15 +186,18 @@ def run_client(
     global_seed: int,
     generator: torch.Generator,
     batch_transform=None,
+    *,
+    round_idx: int,
 ) -> RoundResults:
-    """One client's whole local round on (x, y), a cohort of one: `begin`, `train_local` with
-    the algorithm's client settings, `end`. `stats`: the running statistics broadcast beside
-    the payload (`Algorithm.broadcast_stats`)."""
+    """One client's whole local round `round_idx` on (x, y), a cohort of one: `begin`,
+    `train_local` with the algorithm's client settings at the round's lr, `end`. `stats`: the
+    running statistics broadcast beside the payload (`Algorithm.broadcast_stats`)."""
     seed_global_rng(global_seed, algorithm.device)
     module = algorithm.client_module(client_id)
     module.generator = generator
     module.set_local_data((x, y))
     load_start(module, algorithm.begin(module, [client_id], [payload], stats))
+    set_round(module, round_idx)
     batch_size = algorithm.ctx.client.batch_size
     trained = train_local(module, x, y, batch_size, generator, batch_transform)
     training = training_facts(client_id, trained, x, y)

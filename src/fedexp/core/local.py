@@ -8,11 +8,12 @@ module imports no torch at load time (a config error answers without it).
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from fedexp.core.schedules import SCHEDULE_RULES, LRSchedule, check_rule
 from fedexp.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -21,8 +22,9 @@ if TYPE_CHECKING:
 # module: the model's own `configure_optimizers` (a LightningModule of the user's)
 OPTIMIZERS = ("sgd", "adam", "module")
 
-# client.<key>: (type, (bound, limit)); a float accepts an int, never a bool. Each rule of the
-# client settings is stated here alone, in the order of `ClientConfig`'s fields
+# client.<key>: (type, (bound, limit)); a float accepts an int, never a bool
+# (`fedexp.core.schedules.check_rule`). Each rule of the client settings is stated here alone,
+# in the order of `ClientConfig`'s fields; the lr schedule's are the schedules' own rules
 RULES: dict[str, tuple[type, tuple[str, Any]]] = {
     "local_epochs": (int, (">=", 1)),
     "batch_size": (int, (">=", 1)),
@@ -30,23 +32,14 @@ RULES: dict[str, tuple[type, tuple[str, Any]]] = {
     "lr": (float, (">", 0)),
     "momentum": (float, (">=", 0)),
     "weight_decay": (float, (">=", 0)),
+    **{f"lr_{key}": rule for key, rule in SCHEDULE_RULES.items()},
 }
-_KINDS = {int: "an int", float: "a number", str: "a string"}
-_BOUNDS = {">=": operator.ge, ">": operator.gt}
 
 
 def _checked(key: str, value: Any) -> Any:
     """`value` of `client.<key>` as its type, once it fits its rule (`RULES`); else a
     ConfigError `client.<key>: must be ..., got <value>`."""
-    kind, (bound, limit) = RULES[key]
-    fits = isinstance(value, kind) or (kind is float and isinstance(value, int))
-    if isinstance(value, bool) or not fits:
-        raise ConfigError(f"client.{key}: must be {_KINDS[kind]}, got {value!r}")
-    if bound == "in" and value not in limit:
-        raise ConfigError(f"client.{key}: must be one of {sorted(limit)}, got {value!r}")
-    if bound != "in" and not _BOUNDS[bound](value, limit):
-        raise ConfigError(f"client.{key}: must be {bound} {limit}, got {value!r}")
-    return kind(value)
+    return check_rule(f"client.{key}", RULES[key], value)
 
 
 @dataclass(frozen=True)
@@ -60,6 +53,14 @@ class ClientConfig:
         lr: the optimizer's learning rate.
         momentum: SGD momentum (ignored by Adam).
         weight_decay: L2 weight decay of the optimizer.
+        lr_schedule: the lr across rounds (`fedexp.core.schedules`): `constant` (the default),
+            `exponential`, `step`, `cosine` or `warmup`; round t trains at `lr_at(t)`.
+        lr_decay: γ of `exponential` and `step`, in (0, 1] (default 0.999).
+        lr_step_rounds: S of `step`: γ once every S rounds (default 10).
+        lr_min: the floor `cosine` anneals to, <= lr (default 0).
+        lr_warmup_rounds: W of `warmup`: lr·t/W up to round W (default 5).
+        rounds: the run's total rounds T (not a `client.*` key: the config's checks give it;
+            `cosine` needs it).
     """
 
     local_epochs: int
@@ -68,30 +69,73 @@ class ClientConfig:
     lr: float
     momentum: float
     weight_decay: float
+    lr_schedule: str = "constant"
+    lr_decay: float = 0.999
+    lr_step_rounds: int = 10
+    lr_min: float = 0.0
+    lr_warmup_rounds: int = 5
+    rounds: int | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         for key in RULES:  # frozen: the values normalised to their types once, here
             object.__setattr__(self, key, _checked(key, getattr(self, key)))
+        if self.rounds is not None:
+            check_rule("rounds", (int, (">=", 1)), self.rounds)
+        if self.optimizer == "module" and self.lr_schedule != "constant":
+            raise ConfigError(
+                "client.lr_schedule: set the lr of client.optimizer=module in the model's "
+                f"configure_optimizers, got {self.lr_schedule!r}"
+            )
+        self.schedule.check("client.lr_", self.lr)
 
     @classmethod
-    def from_mapping(cls, node: Mapping[str, Any]) -> ClientConfig:
-        """The config of the `client` node (a resolved mapping); unknown or missing keys are a
+    def from_mapping(cls, node: Mapping[str, Any], rounds: int | None = None) -> ClientConfig:
+        """The config of the `client` node (a resolved mapping) in a run of `rounds` rounds;
+        unknown keys, or missing ones without a default (the lr schedule's have one), are a
         ConfigError naming them."""
-        names = [f.name for f in fields(cls)]
+        names = list(RULES)
         if not isinstance(node, Mapping):
             raise ConfigError(f"client: must be a mapping of {names}, got {node!r}")
         for key in node:
             if key not in names:
                 raise ConfigError(f"client.{key}: not a client setting (one of {names})")
-        for key in names:
-            if key not in node:
-                raise ConfigError(f"client.{key}: missing")
-        return cls(**{key: node[key] for key in names})
+        for f in fields(cls):
+            if f.name in names and f.name not in node and f.default is MISSING:
+                raise ConfigError(f"client.{f.name}: missing")
+        return cls(**{key: node[key] for key in names if key in node}, rounds=rounds)
+
+    @staticmethod
+    def depends_on_rounds(cfg: Any) -> list[str]:
+        """What of `client.*` depends on the run's total rounds (`fedexp.config.extend`): the
+        cosine schedule, annealed over them."""
+        client = cfg.get("client") if hasattr(cfg, "get") else None
+        if client is not None and client.get("lr_schedule") == "cosine":
+            return ["client.lr_schedule=cosine"]
+        return []
+
+    @cached_property
+    def schedule(self) -> LRSchedule:
+        """The lr schedule across rounds (`client.lr_*`; made once)."""
+        return LRSchedule(
+            self.lr_schedule, self.lr_decay, self.lr_step_rounds, self.lr_min,
+            self.lr_warmup_rounds, self.rounds,
+        )  # fmt: skip
+
+    def lr_at(self, round_idx: int) -> float:
+        """The client lr of round `round_idx` (1-based): `lr` itself when constant."""
+        return self.schedule.at(self.lr, round_idx)
 
     @property
     def optimizer_spec(self) -> tuple[str, dict[str, float]]:
-        """(name, keyword arguments) of the client optimizer; momentum is SGD's only."""
-        kwargs = {"lr": self.lr, "weight_decay": self.weight_decay}
+        """(name, keyword arguments) of the client optimizer at the base `lr` (round 1's but for
+        `warmup`); momentum is SGD's only. `round_spec(t)`: round t's."""
+        return self.round_spec(None)
+
+    def round_spec(self, round_idx: int | None) -> tuple[str, dict[str, float]]:
+        """(name, keyword arguments) of the client optimizer in round `round_idx` (its lr
+        `lr_at(round_idx)`; None: the base lr)."""
+        lr = self.lr if round_idx is None else self.lr_at(round_idx)
+        kwargs = {"lr": lr, "weight_decay": self.weight_decay}
         if self.optimizer == "sgd":
             kwargs["momentum"] = self.momentum
         return self.optimizer, kwargs

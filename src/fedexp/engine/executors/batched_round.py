@@ -20,7 +20,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from fedexp.core.algorithm import Algorithm
-from fedexp.core.client_loop import client_streams
+from fedexp.core.client_loop import client_streams, set_round
 from fedexp.core.cohort import CohortTraining, RoundResults
 from fedexp.core.local import PhaseTraining, optimizer_lrs
 from fedexp.core.seeding import CLIENT, derive_seed, seed_global_rng
@@ -55,6 +55,7 @@ def run_cohort(
     start = algorithm.begin(module, ids, messages, stats)
     check_vmappable(module)
     module.train()
+    set_round(module, ctx.round)  # the optimizer's lr is the round's (`_phase_plans` reads it)
     plans, rates = _phase_plans(module)
     x_all, y_all, sizes = cohort_train_data(data, ids)
     schedules, generators = _schedules(ctx, ids, sizes, plans, batch_size)

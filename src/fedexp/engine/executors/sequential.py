@@ -41,6 +41,7 @@ class SequentialExecutor:
                     global_seed,
                     generator,
                     data.batch_transform,
+                    round_idx=ctx.round,
                 )  # fmt: skip
             )
         return RoundResults.concat(results)
