@@ -118,7 +118,7 @@ def test_the_client_settings_are_checked_by_their_owner_in_their_place(compose_c
 
 def test_the_checks_hand_on_the_runs_one_client_config(compose_cfg):
     checked = check_config_values(compose_cfg("client.lr=1"))
-    assert checked.client == ClientConfig(1, 32, "sgd", 1.0, 0.0, 0.0)
+    assert checked.client == ClientConfig(1, 32, "sgd", 1.0, 0.0, 0.0, rounds=2)
     assert checked.values["client"]["lr"] == 1  # the config as resolved
 
 

@@ -76,7 +76,8 @@ def check_config_values(cfg: DictConfig) -> CheckedValues:
             )
     check_finite(values)  # first: NaN is refused as such, not as out of a range
     check_scalars(cfg, SCALARS)
-    client = ClientConfig.from_mapping(values["client"])  # the `client.*` rules, its own
+    # the `client.*` rules, its own; the run's total rounds for the cosine lr schedule
+    client = ClientConfig.from_mapping(values["client"], rounds=values["rounds"])
     check_scalars(cfg, GROUP_SCALARS)
     check_directories(values)
     return CheckedValues(values, client)

@@ -98,6 +98,7 @@ class Orchestrator:
         metrics = {
             "round": t,
             "train/loss": train_loss,
+            **self.algorithm.round_lrs(t),  # train/client_lr, train/server_lr
             **logged_means(results),
             **metrics,
             **self.attack.round_metrics(results),
