@@ -131,3 +131,16 @@ def test_a_long_file_a_long_function_and_a_circle_are_caught(tmp_path):
     (scripts / "c.py").write_text("import a as first, json\n")
     (scripts / "d.py").write_text("from c import x\n")
     assert circles(script_imports(scripts)) == [["a", "b", "c", "a"]]
+
+
+# the re-exports of old module paths, removed in 0.2.0 (docs/lifecycle.md, "Old module paths")
+CORE_SHIMS = {"distributed.py", "executors.py", "run_dir.py", "vectorized.py"}
+
+
+def test_core_holds_at_most_twelve_api_modules():
+    core = Path(__file__).resolve().parents[1] / "src" / "fedexp" / "core"
+    real = sorted(p.name for p in core.glob("*.py") if p.name not in {"__init__.py", *CORE_SHIMS})
+    assert len(real) <= 12, real
+    for shim in CORE_SHIMS:  # a shim re-exports and holds no code of its own
+        text = (core / shim).read_text()
+        assert "def " not in text and "class " not in text, shim

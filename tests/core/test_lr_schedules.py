@@ -1,4 +1,4 @@
-"""Learning-rate schedules across rounds (`client.lr_schedule`, `fedexp.core.schedules`): each
+"""Learning-rate schedules across rounds (`client.lr_schedule`, `fedexp.core.local`): each
 schedule's lr by hand, the round's lr in the optimizer on both executors, one FedAvg round equal
 to a hand-written SGD step at that lr, bad values refused, the constant schedule as before."""
 
@@ -11,8 +11,7 @@ import torch
 
 from components import with_yaml
 from fedexp.algorithms.fedavg import FedAvg
-from fedexp.core.local import ClientConfig, optimizer_lrs
-from fedexp.core.schedules import LRSchedule
+from fedexp.core.local import ClientConfig, LRSchedule, optimizer_lrs
 from fedexp.core.types import ConfigError
 from fedexp.engine.executors.sequential import SequentialExecutor
 from fedexp.engine.executors.vectorized import VectorizedExecutor

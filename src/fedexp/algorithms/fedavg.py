@@ -32,7 +32,7 @@ from fedexp.core.flat import (
     share_model_storage,
     shared_buffer,
 )
-from fedexp.core.schedules import LRSchedule
+from fedexp.core.local import LRSchedule
 from fedexp.core.seeding import INIT, derive_seed
 from fedexp.core.types import ClientResult, ConfigError, Message, RoundContext, ServerState, Weights
 from fedexp.models.running_stats import (
@@ -72,7 +72,7 @@ class FedAvg(Algorithm):
         self.weighting = weighting
         self.server_lr = server_lr
         self.server_momentum = server_momentum
-        # round t steps at server_schedule.at(server_lr, t) (`fedexp.core.schedules`); T for
+        # round t steps at server_schedule.at(server_lr, t) (`fedexp.core.local`); T for
         # cosine: the run's total, which the config's checks give the client config
         self.server_schedule = LRSchedule(
             server_lr_schedule, server_lr_decay, server_lr_step_rounds, server_lr_min,

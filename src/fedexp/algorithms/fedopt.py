@@ -70,7 +70,7 @@ class FedOpt(FedAvg):
         beta1: first-moment decay, in [0, 1).
         beta2: second-moment decay of Adam and Yogi, in [0, 1).
         server_lr_schedule, server_lr_decay, server_lr_step_rounds, server_lr_min,
-            server_lr_warmup_rounds: eta across rounds, as FedAvg's (`fedexp.core.schedules`;
+            server_lr_warmup_rounds: eta across rounds, as FedAvg's (`fedexp.core.local`;
             constant by default).
     """
 
