@@ -43,6 +43,16 @@ from fedexp.models.running_stats import (
     stats_views,
 )
 
+# a server lr that does not change across rounds, for the algorithms whose server step is not
+# FedAvg's schedule-able one (q-FedAvg's, SignSGD's)
+CONSTANT_SERVER_LR = dict(
+    server_lr_schedule="constant",
+    server_lr_decay=1.0,
+    server_lr_step_rounds=1,
+    server_lr_min=0.0,
+    server_lr_warmup_rounds=1,
+)
+
 
 class FedAvg(Algorithm):
     """Federated averaging over the `shared` parameters (all of them here)."""
@@ -58,11 +68,11 @@ class FedAvg(Algorithm):
         weighting: str,
         server_lr: float,
         server_momentum: float,
-        server_lr_schedule: str = "constant",
-        server_lr_decay: float = 0.999,
-        server_lr_step_rounds: int = 10,
-        server_lr_min: float = 0.0,
-        server_lr_warmup_rounds: int = 5,
+        server_lr_schedule: str,
+        server_lr_decay: float,
+        server_lr_step_rounds: int,
+        server_lr_min: float,
+        server_lr_warmup_rounds: int,
     ):
         super().__init__(ctx)
         if weighting not in ("samples", "uniform"):

@@ -88,6 +88,11 @@ def fedhenn(
     server_lr: float,
     server_momentum: float,
     align_layer: str,
+    server_lr_schedule: str,
+    server_lr_decay: float,
+    server_lr_step_rounds: int,
+    server_lr_min: float,
+    server_lr_warmup_rounds: int,
 ) -> Algorithm:
     """Build the FedHeNN variant named by `variant` (the `_target_` of algorithm=fedhenn)."""
     opts = AlignmentOptions(
@@ -111,6 +116,15 @@ def fedhenn(
             "training inputs and sent to every sampled client (the authors' simulation "
             "shortcut; in the paper the server generates the RAD and clients share no data)"
         )
+    fedavg_args = (weighting, server_lr, server_momentum, server_lr_schedule, server_lr_decay)
+    fedavg_args += (server_lr_step_rounds, server_lr_min, server_lr_warmup_rounds)
+    return _variant(ctx, opts, variant, default_family, fedavg_args)
+
+
+def _variant(ctx: BuildContext, opts, variant: str, default_family: str, fedavg_args) -> Algorithm:
+    """The homogeneous variant (FedAvg's server step, `fedavg_args`) on one architecture, or
+    the heterogeneous one on a model family (`default_family` where one architecture was
+    chosen)."""
     num_archs = family_size(ctx.model_factory)
     if variant == "homogeneous":
         if num_archs is not None:
@@ -118,9 +132,7 @@ def fedhenn(
                 "model: algorithm.variant=homogeneous needs one architecture, got a model "
                 f"family of {num_archs}; use e.g. model=cnn or algorithm.variant=heterogeneous"
             )
-        return FedHeNNHomogeneous(
-            ctx, opts, weighting=weighting, server_lr=server_lr, server_momentum=server_momentum
-        )
+        return FedHeNNHomogeneous(ctx, opts, *fedavg_args)
     if num_archs is None:  # one architecture chosen: draw clients' models from the default family
         if ctx.family is None:
             raise ConfigError("model: FedHeNN needs a model family; its build context has none")
@@ -137,9 +149,9 @@ class FedHeNNHomogeneous(FedAvg):
 
     has_personal_models = True
 
-    def __init__(self, ctx: BuildContext, opts: AlignmentOptions, **fedavg_kwargs):
+    def __init__(self, ctx: BuildContext, opts: AlignmentOptions, *fedavg_args, **fedavg_kwargs):
         self.opts = opts
-        super().__init__(ctx, **fedavg_kwargs)
+        super().__init__(ctx, *fedavg_args, **fedavg_kwargs)
         self.meter = AlignmentMeter(ctx.seed, self.device)
 
     def make_module(self, model: nn.Module) -> ClientModule:

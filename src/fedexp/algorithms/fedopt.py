@@ -83,11 +83,11 @@ class FedOpt(FedAvg):
         tau: float,
         beta1: float,
         beta2: float,
-        server_lr_schedule: str = "constant",
-        server_lr_decay: float = 0.999,
-        server_lr_step_rounds: int = 10,
-        server_lr_min: float = 0.0,
-        server_lr_warmup_rounds: int = 5,
+        server_lr_schedule: str,
+        server_lr_decay: float,
+        server_lr_step_rounds: int,
+        server_lr_min: float,
+        server_lr_warmup_rounds: int,
     ):
         if server_optimizer not in SERVER_OPTIMIZERS:
             raise ConfigError(

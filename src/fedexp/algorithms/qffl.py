@@ -30,7 +30,7 @@ from torch.func import functional_call
 
 from fedexp.aggregators import aggregator_name
 from fedexp.aggregators.mean import weighted_mean
-from fedexp.algorithms.fedavg import FedAvg
+from fedexp.algorithms.fedavg import CONSTANT_SERVER_LR, FedAvg
 from fedexp.core.algorithm import BuildContext
 from fedexp.core.client import ClientModule
 from fedexp.core.cohort import CohortStart, CohortTraining
@@ -90,7 +90,9 @@ class QFedAvg(FedAvg):
             )
         self.q = float(q)
         self.lipschitz = 1.0 / ctx.client.lr  # the reference code's L
-        super().__init__(ctx, weighting="uniform", server_lr=1.0, server_momentum=0.0)
+        super().__init__(
+            ctx, weighting="uniform", server_lr=1.0, server_momentum=0.0, **CONSTANT_SERVER_LR
+        )
 
     # ---- client: one cohort -------------------------------------------------------------------
     def begin(self, module: ClientModule, client_ids, payloads, stats) -> CohortStart:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from fedexp.algorithms.fedavg import FedAvg, payload_rows
+from fedexp.algorithms.fedavg import CONSTANT_SERVER_LR, FedAvg, payload_rows
 from fedexp.core.algorithm import BuildContext
 from fedexp.core.client import ClientModule
 from fedexp.core.flat import load_flat
@@ -31,7 +31,9 @@ class SignSGD(FedAvg):
     upload_type = Signs
 
     def __init__(self, ctx: BuildContext, server_lr: float, weighting: str):
-        super().__init__(ctx, weighting=weighting, server_lr=server_lr, server_momentum=0.0)
+        super().__init__(
+            ctx, weighting=weighting, server_lr=server_lr, server_momentum=0.0, **CONSTANT_SERVER_LR
+        )
 
     def stack_uploads(self, results: Sequence[ClientResult]) -> torch.Tensor:
         return torch.stack([r.upload.values for r in results]).to(torch.float32)

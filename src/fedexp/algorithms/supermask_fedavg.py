@@ -31,9 +31,10 @@ class SupermaskFedAvg(FedAvg):
         server_momentum: float,
         k: float,
         weight_init: str,
+        **server_schedule,
     ):
         self.k, self.weight_init = k, weight_init
-        super().__init__(ctx, weighting, server_lr, server_momentum)
+        super().__init__(ctx, weighting, server_lr, server_momentum, **server_schedule)
 
     def build_model(self) -> nn.Module:
         """θ^w and the initial θ^s from the run's seed (FRL's), identical at every call: the

@@ -16,7 +16,7 @@ from torch.utils._pytree import tree_flatten
 
 from conftest import REPO, smoke_experiment
 from fedexp.algorithms.ditto import Ditto
-from fedexp.algorithms.fedavg import FedAvg
+from fedexp.algorithms.fedavg import CONSTANT_SERVER_LR, FedAvg
 from fedexp.core.callbacks import RoundFunction
 from fedexp.data.datasets import Dataset
 from fedexp.data.federated import FederatedData
@@ -42,7 +42,13 @@ def test_one_step_by_hand_flips_the_test_point():
     # (-lr, lr): class 1, right, with loss log(1 + exp(-2 lr)).
     lr = 0.1
     client = client_cfg(lr=lr, batch_size=1)
-    algo = FedAvg(make_ctx(one_sample_world(), factory=zero_linear, client=client), "samples", 1, 0)
+    algo = FedAvg(
+        make_ctx(one_sample_world(), factory=zero_linear, client=client),
+        "samples",
+        1,
+        0,
+        **CONSTANT_SERVER_LR,
+    )
     state = algo.init_state()
     data = algo.ctx.data
     metrics, per_client = evaluate(algo, state, data, finetune=Finetune(1, client, 1))
@@ -73,7 +79,13 @@ def test_equals_a_plain_torch_loop_of_k_epochs():
     data = tiny_federation(num_clients=3, per_client=30, dim=2, classes=2)
     settings = dict(batch_size=4, lr=0.3, momentum=0.9, weight_decay=1e-3)
     client = client_cfg(**settings)
-    algo = FedAvg(make_ctx(data, factory=small_mlp, client=client, seed=5), "samples", 1, 0)
+    algo = FedAvg(
+        make_ctx(data, factory=small_mlp, client=client, seed=5),
+        "samples",
+        1,
+        0,
+        **CONSTANT_SERVER_LR,
+    )
     _, _, state, _ = one_round(algo, ids=(0, 1, 2), seed=5)
     metrics, per_client = evaluate(algo, state, data, seed=5, finetune=Finetune(3, client, 4))
     expected, losses = [], []
@@ -97,7 +109,9 @@ def test_fine_tuning_leaves_models_store_and_rng_as_they_were():
     data = tiny_federation(num_clients=3, dim=2, classes=2)
     client = client_cfg(batch_size=4)
     ctx = make_ctx(data, factory=small_mlp, client=client)
-    algo = Ditto(ctx, 0.1, 1, weighting="samples", server_lr=1.0, server_momentum=0.0)
+    algo = Ditto(
+        ctx, 0.1, 1, weighting="samples", server_lr=1.0, server_momentum=0.0, **CONSTANT_SERVER_LR
+    )
     _, _, state, _ = one_round(algo, ids=(0, 1, 2))
     global_before = copy.deepcopy(algo.global_model(state).state_dict())
     store_before = {c: copy.deepcopy(algo.store.get(c)) for c in range(3)}

@@ -14,7 +14,7 @@ from torch import nn
 
 from fedexp.__main__ import find_conf
 from fedexp.algorithms import topk
-from fedexp.algorithms.fedavg import payload_rows
+from fedexp.algorithms.fedavg import CONSTANT_SERVER_LR, payload_rows
 from fedexp.core.flat import flat_params, load_flat
 from fedexp.core.seeding import sample_clients
 from fedexp.core.types import ConfigError
@@ -293,11 +293,13 @@ def test_auto_falls_back_to_sequential_for_modules_vmap_cannot_train():
     def bn_model(input_shape=(2,), num_classes=2):
         return nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3), nn.Linear(3, 2))
 
-    algo = FedAvg(make_ctx(two_client_data(), factory=bn_model), "samples", 1.0, 0.0)
+    algo = FedAvg(
+        make_ctx(two_client_data(), factory=bn_model), "samples", 1.0, 0.0, **CONSTANT_SERVER_LR
+    )
     auto = auto_executor(device="cuda", chunk_size=None)
     auto.check_algorithm(algo, 2)  # no error: BatchNorm statistics train sequentially
     assert isinstance(auto.inner, SequentialExecutor)
-    plain = FedAvg(make_ctx(two_client_data()), "samples", 1.0, 0.0)
+    plain = FedAvg(make_ctx(two_client_data()), "samples", 1.0, 0.0, **CONSTANT_SERVER_LR)
     auto = auto_executor(device="cuda", chunk_size=None)
     auto.check_algorithm(plain, 2)
     assert isinstance(auto.inner, VectorizedExecutor)
