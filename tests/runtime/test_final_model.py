@@ -246,7 +246,11 @@ def test_the_evaluate_cli_reproduces_a_cli_run(cli):
 
     cli("debug=smoke", "algorithm=ditto", "hydra.run.dir=run")
     run_dir = cli.cwd / "run"
-    env = {"PYTHONPATH": str(REPO / "src"), "FEDEXP_CACHE_DIR": str(cli.cwd / "cache")}
+    env = {  # the run's own directories (`run_cli`): its config resolves to the same then
+        "PYTHONPATH": str(REPO / "src"),
+        "FEDEXP_CACHE_DIR": str(cli.cwd / "cache"),
+        "FEDEXP_DATA_DIR": str(cli.cwd / "data"),
+    }
     proc = subprocess.run(
         [sys.executable, "-m", "fedexp.evaluate", str(run_dir)],
         capture_output=True, text=True, env={**__import__("os").environ, **env}, timeout=600,
