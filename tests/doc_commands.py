@@ -147,6 +147,7 @@ def smoke_command(command: DocCommand, run_dir: Path, sweep_dir: Path, out: Path
     for placeholder in ("<sweep dir>", "<that dir>"):
         text = text.replace(placeholder, str(sweep_dir))
     text = text.replace("<run dir>", str(run_dir)).replace("DIR", str(out / "report"))
+    text = re.sub(r"(?<==)docs/examples/", f"{REPO / 'docs' / 'examples'}/", text)  # shipped files
     argv = shlex.split(text)
     module, args = argv[2], argv[3:]
     if module == "fedexp.claims":

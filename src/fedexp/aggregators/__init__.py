@@ -17,6 +17,7 @@ nothing of client results or messages: the adapters between those and tensors li
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -39,8 +40,11 @@ def warn_once(key: str, message: str) -> None:
 
 
 def round_size(cfg) -> int:
-    """Uploads aggregated per round: the round's sampled clients."""
-    return int(cfg.clients_per_round)
+    """Uploads aggregated per round: the round's sampled clients less those that drop out
+    (`dropout`: round(fraction x sampled), halves up, as `fedexp.core.seeding.dropped_clients`
+    counts them). An availability trace may leave a round fewer."""
+    sampled = int(cfg.clients_per_round)
+    return sampled - math.floor(float(cfg.get("dropout", 0.0) or 0.0) * sampled + 0.5)
 
 
 def fixed_count(option: Any, num_clients: int) -> int | None:

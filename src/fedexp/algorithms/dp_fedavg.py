@@ -164,6 +164,17 @@ class DPFedAvg(FedAvg):
                 "BatchNorm (e.g. model=mlp or cnn)"
             )
 
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        """The accountant's sampling is uniform over every client (a uniform dropout of a
+        uniform cohort is one too, of the returned size): not `sampling=size` nor a trace."""
+        for key, plain in (("sampling", "uniform"), ("availability", None)):
+            if cfg.get(key, plain) != plain:
+                raise ConfigError(
+                    f"{key}: dp_fedavg's accountant assumes a uniform sample of the clients; "
+                    f"leave {key}={plain if plain is not None else 'null'}"
+                )
+
     def client_weights_of(self, sizes: torch.Tensor) -> torch.Tensor:
         """w_k: 1 (uniform) or min(n_k / w_hat, 1) (samples), on the sizes' device."""
         if self.weighting == "uniform":

@@ -32,6 +32,7 @@ from typing import Any, Literal, Union
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from fedexp.config.participation import check_participation
 from fedexp.core.local import ClientConfig
 from fedexp.errors import ConfigError, check_directory
 
@@ -79,6 +80,7 @@ def check_config_values(cfg: DictConfig) -> CheckedValues:
     # the `client.*` rules, its own; the run's total rounds for the cosine lr schedule
     client = ClientConfig.from_mapping(values["client"], rounds=values["rounds"])
     check_scalars(cfg, GROUP_SCALARS)
+    check_participation(cfg)  # sampling, dropout, the availability trace (parsed, checked)
     check_directories(values)
     return CheckedValues(values, client)
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
 SAMPLING, CLIENT, INIT = 1, 2, 3
 ARCH_STREAM = 43  # derive_seed tag of the per-client architecture draw (model families)
+DROPOUT_STREAM = 53  # derive_seed tag of a round's dropped clients (`dropout`)
 
 
 def derive_seed(*keys: int) -> int:
@@ -22,15 +24,83 @@ def sample_clients(
     num_clients: int,
     per_round: int,
     rejects: Callable[[tuple[int, ...]], bool] | None = None,
+    weights: Sequence[float] | None = None,
+    available: Sequence[int] | None = None,
 ) -> tuple[int, ...]:
     """The round's cohort, a function of (seed, round) alone, in ascending id order. A cohort
     that `rejects` refuses is drawn again from the same generator (its next draw), until one
-    passes; without `rejects` (or when the first draw passes) it is the first draw."""
+    passes; without `rejects` (or when the first draw passes) it is the first draw.
+
+    `weights` (one per client, e.g. its training samples): drawn with inclusion probabilities
+    proportional to them (`size_sample`); None: uniform. `available`: the ids that may be drawn
+    this round (an availability trace; the cohort is all of them where they are fewer than
+    `per_round`); None: every client, the draws of a run without a trace."""
     rng = np.random.default_rng(derive_seed(seed, SAMPLING, round_idx))
+    pool = np.arange(num_clients) if available is None else np.asarray(available, dtype=np.int64)
+    per_round = min(per_round, len(pool))
+    if per_round == 0:
+        return ()
+    probs = (
+        None if weights is None else inclusion_probabilities(np.asarray(weights)[pool], per_round)
+    )
     while True:
-        ids = tuple(int(c) for c in np.sort(rng.choice(num_clients, per_round, replace=False)))
+        if probs is not None:
+            picked = pool[size_sample(rng, probs, per_round)]
+        elif available is None:  # the uniform draw as it always was, bit for bit
+            picked = rng.choice(num_clients, per_round, replace=False)
+        else:
+            picked = pool[rng.choice(len(pool), per_round, replace=False)]
+        ids = tuple(int(c) for c in np.sort(picked))
         if rejects is None or not rejects(ids):
             return ids
+
+
+def inclusion_probabilities(weights: np.ndarray, k: int) -> np.ndarray:
+    """pi_i = k w_i / sum(w), summing to k: a client whose pi_i would reach 1 is always drawn
+    (pi_i = 1) and the others share the rest in proportion to their weights; where the others
+    weigh nothing (no training samples), they share it equally."""
+    w = np.asarray(weights, dtype=np.float64)
+    pi = np.zeros(len(w))
+    certain = np.zeros(len(w), dtype=bool)
+    while True:
+        rest = ~certain
+        left = k - int(certain.sum())
+        total = w[rest].sum()
+        pi[rest] = left * w[rest] / total if total > 0 else left / int(rest.sum())
+        pi[certain] = 1.0
+        over = rest & (pi >= 1.0)
+        if not over.any():
+            return pi
+        certain |= over
+
+
+def size_sample(rng: np.random.Generator, probs: np.ndarray, k: int) -> np.ndarray:
+    """k distinct indices, index i drawn with probability exactly probs[i] (probs in [0, 1],
+    summing to k): randomised systematic sampling. The indices are put in a random order, laid
+    end to end on [0, k) as intervals of lengths probs, and the points u, u+1, ..., u+k-1 (u
+    uniform on [0, 1)) pick the intervals they fall in; an interval no longer than 1 holds at
+    most one point. (numpy's `choice(p=...)` draws one by one from what is left, so its
+    inclusion probabilities are not proportional to p.)"""
+    order = rng.permutation(len(probs))
+    ends = np.cumsum(probs[order])
+    ends *= k / ends[-1]  # exactly k at the end, whatever the rounding
+    points = rng.random() + np.arange(k)
+    at = np.minimum(np.searchsorted(ends, points, side="right"), len(probs) - 1)
+    return order[at]
+
+
+def dropped_clients(
+    seed: int, round_idx: int, cohort: Sequence[int], fraction: float
+) -> tuple[int, ...]:
+    """The clients of the round's cohort that never return their update (`dropout`):
+    round(fraction x cohort size), halves up, drawn uniformly from the cohort on their own
+    stream of (seed, round); ascending ids. None for fraction 0."""
+    count = math.floor(fraction * len(cohort) + 0.5)
+    if count == 0:
+        return ()
+    rng = np.random.default_rng(derive_seed(seed, DROPOUT_STREAM, round_idx))
+    picked = rng.choice(np.asarray(cohort, dtype=np.int64), count, replace=False)
+    return tuple(int(c) for c in np.sort(picked))
 
 
 def client_arch(seed: int, client_id: int, num_archs: int) -> int:

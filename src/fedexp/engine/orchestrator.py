@@ -11,11 +11,11 @@ from functools import partial
 from fedexp.core.algorithm import Algorithm
 from fedexp.core.callbacks import Callback, RoundReport, frozen
 from fedexp.core.cohort import RoundResults
-from fedexp.core.seeding import sample_clients
 from fedexp.core.types import Diverged, RoundContext, ServerState, malicious_count
 from fedexp.engine.eval.all_clients import evaluate
 from fedexp.engine.eval.finetuned import Finetune
 from fedexp.engine.executors.sequential import train_aside
+from fedexp.engine.participation import Participation
 from fedexp.metrics.comm import stats_bits
 
 
@@ -46,6 +46,7 @@ class Orchestrator:
         callbacks: Sequence[Callback] = (),
         personal_clients: int | None = None,
         finetune_epochs: int = 0,
+        participation: Participation | None = None,
     ):
         self.algorithm = algorithm
         self.executor = executor
@@ -56,6 +57,10 @@ class Orchestrator:
         # a natural split with fewer owners than asked: every client, each round
         self.clients_per_round = min(clients_per_round, data.num_clients)
         self.eval_every = eval_every
+        # who takes part in a round (`sampling`, `dropout`, `availability`); None: uniform
+        self.participation = participation or Participation(
+            seed, data.num_clients, self.clients_per_round
+        )
         self.personal_clients = personal_clients  # None: every client's personal model
         self.finetune_epochs = finetune_epochs  # K > 0: eval/finetuned/* at each evaluation
         self.callbacks = list(callbacks)
@@ -72,36 +77,29 @@ class Orchestrator:
     def run_round(self, state: ServerState, t: int) -> tuple[ServerState, dict]:
         start = time.perf_counter()
         # the attack may have a round re-drawn (`attack.redraw_majority`, FRL's reference code)
-        ids = sample_clients(
-            self.seed, t, self.data.num_clients, self.clients_per_round, self.attack.rejects
-        )
-        ctx = RoundContext(t, ids, self.seed)
+        cohort = self.participation.cohort(t, self.attack.rejects)
+        ctx = RoundContext(t, cohort.sampled, self.seed)
         stats = self.algorithm.broadcast_stats(state)  # running statistics, besides the payloads
-        payloads = self.algorithm.configure_round(state, ctx)
-        results = self.executor.run(self.algorithm, payloads, ctx, self.train_data, stats)
-        results = self.attack.apply(results, ctx, state)
-        # the aggregation is told how many uploads the attack corrupted (it flags them)
-        ctx = dataclasses.replace(ctx, num_malicious=malicious_count(results))
-        train_loss = float(results.train_loss.mean())
-        if not math.isfinite(train_loss):
-            raise Diverged(t, "non-finite training loss")
-        state, metrics = self.algorithm.aggregate(state, results, ctx)
-        if not self.algorithm.state_is_finite(state):
-            raise Diverged(t, "non-finite global model")
-        up = results.upload_bits(stats_bits)
-        down = sum(payloads[c].num_bits() for c in ids) + len(ids) * stats_bits(stats)
+        payloads = self.algorithm.configure_round(state, ctx)  # every sampled client is sent it
+        down = sum(payloads[c].num_bits() for c in ctx.client_ids)
+        down += len(ctx.client_ids) * stats_bits(stats)
+        if cohort.returned:  # the dropped clients do not train: their state stays as it was
+            ctx = dataclasses.replace(ctx, client_ids=cohort.returned)
+            state, metrics, up, steps = self.train_round(state, payloads, stats, ctx)
+        else:  # nobody returns: the server state stays as it was
+            lrs, attack = (
+                self.algorithm.round_lrs(t),
+                self.attack.round_metrics(RoundResults.empty()),
+            )
+            metrics, up, steps = {**lrs, **attack}, 0, 0
         self.totals["comm/up_bits_total"] += up
         self.totals["comm/down_bits_total"] += down
         elapsed = time.perf_counter() - start
         self.train_seconds += elapsed
-        steps = sum(results.num_steps)
         metrics = {
             "round": t,
-            "train/loss": train_loss,
-            **self.algorithm.round_lrs(t),  # train/client_lr, train/server_lr
-            **logged_means(results),
             **metrics,
-            **self.attack.round_metrics(results),
+            **cohort.metrics(),  # clients/sampled, clients/returned, clients/dropped
             "comm/up_bits": up,
             "comm/down_bits": down,
             **self.totals,
@@ -109,6 +107,30 @@ class Orchestrator:
             "time/client_steps_per_s": steps / elapsed if elapsed > 0 else 0.0,
         }
         return state, metrics
+
+    def train_round(
+        self, state: ServerState, payloads, stats, ctx: RoundContext
+    ) -> tuple[ServerState, dict, int, int]:
+        """The returned clients' training, the attack and the aggregation: (the next state, the
+        round's metrics so far, the upload bits, the local steps)."""
+        results = self.executor.run(self.algorithm, payloads, ctx, self.train_data, stats)
+        results = self.attack.apply(results, ctx, state)
+        # the aggregation is told how many uploads the attack corrupted (it flags them)
+        ctx = dataclasses.replace(ctx, num_malicious=malicious_count(results))
+        train_loss = float(results.train_loss.mean())
+        if not math.isfinite(train_loss):
+            raise Diverged(ctx.round, "non-finite training loss")
+        state, metrics = self.algorithm.aggregate(state, results, ctx)
+        if not self.algorithm.state_is_finite(state):
+            raise Diverged(ctx.round, "non-finite global model")
+        metrics = {
+            "train/loss": train_loss,
+            **self.algorithm.round_lrs(ctx.round),  # train/client_lr, train/server_lr
+            **logged_means(results),
+            **metrics,
+            **self.attack.round_metrics(results),
+        }
+        return state, metrics, results.upload_bits(stats_bits), sum(results.num_steps)
 
     def run(self, state: ServerState | None = None, start_round: int = 1) -> dict:
         """Run to the last round; returns the metrics of the last evaluated round."""

@@ -35,6 +35,7 @@ from fedexp.data.server_pool import reserve_server_pool
 from fedexp.engine.aggregation import check_aggregator
 from fedexp.engine.eval.finetuned import check_finetune
 from fedexp.engine.orchestrator import Orchestrator
+from fedexp.engine.participation import participation
 from fedexp.runtime.allocator import keep_freed_blocks
 from fedexp.runtime.checkpoint import (
     CHECKPOINT_FILE,
@@ -336,4 +337,5 @@ def make_orchestrator(c: Components, algorithm=None, callbacks=()) -> Orchestrat
         callbacks=callbacks,
         personal_clients=OmegaConf.select(cfg, "eval.personal_clients", default=None),
         finetune_epochs=finetune_epochs(cfg),
+        participation=participation(cfg, c.data),
     )

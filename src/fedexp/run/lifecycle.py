@@ -19,6 +19,7 @@ from fedexp.core.summary import Objective, RunSummary, Timing
 from fedexp.core.types import Diverged
 from fedexp.data.partition_report import start_partition_stats
 from fedexp.engine.orchestrator import Orchestrator
+from fedexp.engine.participation import participation
 from fedexp.loggers.base import logs_artifacts
 from fedexp.loggers.progress import run_label
 from fedexp.loggers.wandb_labels import swept_values
@@ -132,6 +133,12 @@ def run_warnings(c: Components, rounds: int) -> list[str]:
         lines.append(
             f"clients_per_round={asked} asked, but the split has {clients} clients: every round "
             f"samples all {clients} (a robust aggregator's trimming is sized for {clients})"
+        )
+    empty = participation(c.cfg, c.data).empty_rounds(rounds, c.attack.rejects)
+    if empty:  # dropout or an availability trace left rounds without any update
+        lines.append(
+            f"{empty} of {rounds} rounds had no client return an update (dropout, availability): "
+            "the server state stayed as it was in them (clients/returned 0)"
         )
     ceiling = getattr(c.data, "coverage", {}).get("data/test_accuracy_ceiling")
     if ceiling is not None and ceiling < 1:
