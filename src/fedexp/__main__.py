@@ -42,8 +42,35 @@ def app(cfg: DictConfig) -> float | None:
         spread_jobs_over_gpus(hc.job.num)
     group = Path(hc.sweep.dir).name if multirun else None
     # the overrides as typed: `key=${...}` is text here, resolved (or refused) with the config
-    title = run_title(choices, OmegaConf.to_container(hc.overrides.task, resolve=False))
+    overrides = OmegaConf.to_container(hc.overrides.task, resolve=False)
+    title = run_title(choices, overrides)
+    if multirun:  # a continued sweep: this job's dir from before
+        return continue_job(cfg, run_dir, choices, group, title, overrides)
     return execute(cfg, run_dir, choices, multirun=multirun, group=group, title=title)
+
+
+def continue_job(cfg, run_dir: Path, choices: dict, group, title, overrides) -> float | None:
+    """A sweep job: kept if it finished in an earlier run of the sweep (its objective, nothing
+    written), resumed from its checkpoint if it stopped after one (as `resume=<job dir>`), else
+    run from the start (`fedexp.runtime.continuation.prepare_job`)."""
+    from fedexp.runtime.continuation import prepare_job
+
+    state, saved = prepare_job(run_dir, overrides)
+    if state == "finished":
+        return saved
+    if state == "fresh":
+        return execute(cfg, run_dir, choices, multirun=True, group=group, title=title)
+    from fedexp.config.saved import load_run_config
+
+    try:
+        if saved is not None:  # the checkpoint cannot be resumed: the job fails
+            raise saved
+        cfg, choices, group = load_run_config(run_dir)
+    except ConfigError as err:
+        print(f"fedexp: error: {err}", file=sys.stderr)
+        record_error(err, cfg, run_dir, choices, status="failed")
+        return None
+    return execute(cfg, run_dir, choices, multirun=True, group=group, resume=True, title=title)
 
 
 def execute(
@@ -183,20 +210,17 @@ def _report_and_exit(
         print_table(summary, choices, title, best)
         print(f"run dir: {run_dir}")
     if summary.status == "interrupted":
+        signum = signal.Signals[summary.stop_signal].value
+        if multirun:  # the sweep stops: the line that continues it (`stopped_sweep`)
+            sys.exit(128 + signum)
         print(
             f"fedexp: stopped after round {summary.rounds_completed}; continue with: "
             f"python -m fedexp resume={run_dir}",
             file=sys.stderr,
         )
-        sys.exit(128 + signal.Signals[summary.stop_signal].value)
+        sys.exit(128 + signum)
     late = callbacks.checkpointer.signals.requested  # came in the last round or after it
     if multirun and late is not None:  # the job ended; the sweep stops here
-        print(
-            f"fedexp: {signal.Signals(late).name}: the sweep stops after this job "
-            f"({summary.status}); run the jobs not run yet with the sweep command "
-            "restricted to them",
-            file=sys.stderr,
-        )
         sys.exit(128 + late)
     if summary.status == "diverged":
         print(f"fedexp: run diverged at round {summary.diverged_round}", file=sys.stderr)
@@ -352,10 +376,14 @@ def main() -> None:
         except ConfigError as err:
             print(f"fedexp: error: {err}", file=sys.stderr)
             sys.exit(EXIT_CONFIG)
+        from fedexp.runtime import continuation
         from fedexp.runtime import run_dir as run_dir
+        from fedexp.runtime.continuation import stopped_sweep
 
-        run_dir.sweep_exit_code = 0
-        app()
+        run_dir.sweep_exit_code, continuation.sweep_dir = 0, None
+        multirun = any(a in ("-m", "--multirun") for a in sys.argv[1:])
+        with stopped_sweep() if multirun else contextlib.nullcontext():
+            app()
         if run_dir.sweep_exit_code:  # a job of the sweep was refused; the others ran
             sys.exit(run_dir.sweep_exit_code)
 

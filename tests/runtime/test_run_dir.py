@@ -159,10 +159,19 @@ def test_a_sweep_runs_every_job_whose_config_is_good(tmp_path, monkeypatch, caps
     assert jobs[1]["error"] == "client.lr: must be > 0, got -1"
     assert [s["config"]["client"]["lr"] for s in jobs] == [0.05, -1, 0.1]
     assert "fedexp: error: client.lr: must be > 0, got -1" in err
-    # the same sweep dir again: refused before anything is written
+    # the same sweep again continues it: every job finished (the refused one too), none runs
     before = snapshot(tmp_path / "sweep")
     code, err = cli(tmp_path, monkeypatch, capsys, *args)
-    assert code == 2 and "hydra.sweep.dir: " in one_line(err) and "already holds a sweep" in err
+    assert code == 2 and err == ""
+    assert snapshot(tmp_path / "sweep") == before
+    # another sweep into the same dir: refused in one line naming the difference, nothing written
+    other = ("-m", "debug=smoke", "rounds=1", "client.lr=0.05,0.1", "hydra.sweep.dir=sweep")
+    code, err = cli(tmp_path, monkeypatch, capsys, *other)
+    assert (
+        code == 2
+        and "holds another sweep (it ran client.lr=0.05,-1,0.1; now client.lr=0.05,0.1)"
+        in one_line(err)
+    )
     assert snapshot(tmp_path / "sweep") == before
 
 

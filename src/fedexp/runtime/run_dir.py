@@ -9,8 +9,8 @@ training, can be used again.
 
 Hydra writes `.hydra/` into the run dir before the app runs, so the claim is made by a Hydra
 callback (`RunDirGuard`, registered in conf/config.yaml) before Hydra touches the dir; the same
-callback refuses a sweep into a sweep dir that already holds one, and sets the sweep's exit code
-from its jobs' summaries.
+callback refuses a sweep into a sweep dir that holds another sweep (the same sweep continues:
+`fedexp.runtime.continuation`), and sets the sweep's exit code from its jobs' summaries.
 """
 
 from __future__ import annotations
@@ -193,14 +193,23 @@ def guard_hydra_files(run_dir: Path) -> None:
     dir that cannot be written, in one line, exit 2, the run dir discarded. Only this run dir's
     writes are caught; Hydra's other files (a sweep's jobs) fail as Hydra lets them."""
     global _hydra_writes_into
+    _hydra_writes_into = Path(run_dir).resolve()
+    install_save_guard()
+
+
+def install_save_guard() -> None:
+    """Wrap Hydra's `_save_config` (once a process): the run dir's failed write is refused
+    (`guard_hydra_files`), and a sweep job's `.hydra/` file from before is kept as it was (a
+    continued sweep: the job's dir from the earlier run, its overrides the same)."""
     import hydra.core.utils as hydra_utils
 
-    _hydra_writes_into = Path(run_dir).resolve()
     save = getattr(hydra_utils, "_save_config", None)
     if save is None or getattr(save, "guarded_by_fedexp", False):
         return
 
     def guarded(cfg: Any, filename: str, output_dir: Path) -> None:
+        if _kept(Path(output_dir) / filename):
+            return
         try:
             save(cfg, filename, output_dir)
         except OSError as err:
@@ -213,6 +222,16 @@ def guard_hydra_files(run_dir: Path) -> None:
 
     guarded.guarded_by_fedexp = True  # type: ignore[attr-defined]
     hydra_utils._save_config = guarded
+
+
+def _kept(path: Path) -> bool:
+    """A sweep job's saved file from an earlier run of the same sweep: it stays as it was."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not path.is_file() or not HydraConfig.initialized():
+        return False
+    return HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def close_file_logs(run_dir: Path) -> None:
@@ -243,22 +262,33 @@ class RunDirGuard(Callback):
             refuse(err)
         guard_hydra_files(run_dir)
 
+    def __init__(self) -> None:
+        self.keep_saved_job_files = True  # a state to unpickle: `__setstate__` runs
+
+    def __setstate__(self, state: dict) -> None:
+        """Unpickled in a launcher's worker process (joblib): keep the jobs' saved files there
+        too."""
+        self.__dict__.update(state)
+        install_save_guard()
+
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
         global sweep_exit_code
+        from fedexp.runtime import continuation
+
         sweep_exit_code = 0
         sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
         try:
             claim(sweep_dir, fresh=False, key="hydra.sweep.dir")
-            jobs = [p.parent.name for p in sweep_dir.glob("*/.hydra")]
-            resumable = (sweep_dir / "optuna.db").exists()  # a stored Optuna study continues
-            if ((sweep_dir / "multirun.yaml").exists() or jobs) and not resumable:
-                release(sweep_dir)
-                raise ConfigError(
-                    f"hydra.sweep.dir: {sweep_dir} already holds a sweep; choose another dir "
-                    "(or resume its jobs one at a time with resume=<sweep dir>/<job>)"
-                )
+            if not (sweep_dir / "optuna.db").exists():  # a stored Optuna study continues itself
+                try:
+                    continuation.check_same_sweep(sweep_dir, config)
+                except ConfigError:
+                    release(sweep_dir)
+                    raise
         except ConfigError as err:
             refuse(err)
+        continuation.sweep_dir = sweep_dir
+        install_save_guard()
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         global sweep_exit_code
