@@ -133,7 +133,9 @@ def test_a_signal_after_a_sweep_jobs_last_round_stops_the_sweep_after_that_job(
     sweep = cli_in_process.cwd / "sweep"
     rundir.release(sweep)  # the process would end here, and the OS drop the sweep's lock
     assert proc.returncode == 128 + signal.SIGTERM
-    assert "fedexp: SIGTERM: the sweep stops after this job (completed)" in proc.stderr
+    # the job finished; the sweep stops and names the command that continues it
+    continue_line = "fedexp: SIGTERM: the sweep stopped; continue it with: python -m fedexp -m"
+    assert continue_line in proc.stderr
     assert json.loads((sweep / "0" / "summary.json").read_text())["status"] == "completed"
     assert not (sweep / "1").exists()
 

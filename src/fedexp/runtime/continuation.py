@@ -47,7 +47,7 @@ def job_state(job_dir: Path) -> str:
 
 def saved_objective(job_dir: Path) -> float | None:
     """The objective a finished job reported (what the sweeper is handed again)."""
-    from fedexp.core.summary import RunSummary
+    from fedexp.core.summary import RunSummary  # start-up: read only when a sweep continues
 
     try:
         summary = RunSummary.from_dict(json.loads((job_dir / "summary.json").read_text()))
@@ -143,7 +143,7 @@ def prepare_job(job_dir: Path, overrides: list[str]) -> tuple[str, Any]:
     if state == "fresh":
         clear_leftovers(job_dir)
         return state, None
-    from fedexp.runtime.resume import check_resumable
+    from fedexp.runtime.resume import check_resumable  # start-up: only a job that resumes
 
     logging.getLogger(__name__).info("the sweep continues: this job resumes from its checkpoint")
     try:

@@ -273,7 +273,7 @@ class RunDirGuard(Callback):
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
         global sweep_exit_code
-        from fedexp.runtime import continuation
+        from fedexp.runtime import continuation  # start-up: only a multirun reads it
 
         sweep_exit_code = 0
         sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
