@@ -16,26 +16,12 @@ from fedexp.config.extend import check_extension
 from fedexp.core.types import ConfigError
 from fedexp.runtime.checkpoint import CHECKPOINT_FILE
 from fedexp.runtime.run_dir import LOCK_FILE
+from saved_runs import same, saved_models
 
 # a checkpoint at every other round: a completed 2-round run ends with one of its last round
 BASE = ("eval_every=1", "checkpoint_every=2")
 # the summary's values that depend on wall time, or on the run having been resumed
 WALL = ("timing", "resumed_from_round")
-
-
-def saved_models(run_dir: Path) -> list:
-    files = [run_dir / "model.pt", *sorted((run_dir / "personal_models").glob("*.pt"))]
-    return [torch.load(f, weights_only=True) for f in files]
-
-
-def same(a, b) -> bool:
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))
-    return a == b
 
 
 def summary_values(summary: dict) -> dict:

@@ -18,6 +18,7 @@ from fedexp.core.types import ConfigError
 from fedexp.loggers.files import CSVLogger
 from fedexp.runtime.checkpoint import CHECKPOINT_FILE, save_checkpoint
 from fedexp.runtime.run_dir import LOCK_FILE
+from saved_runs import same, saved_models
 
 REPO = Path(__file__).resolve().parents[2]
 ALGORITHMS = sorted(p.stem for p in (REPO / "conf" / "algorithm").glob("[!_]*.yaml"))
@@ -25,22 +26,6 @@ BASE = ("rounds=3", "eval_every=1", "checkpoint_every=0")
 # a run stopped after round 1 of 2: its resumed round still trains clients of round 1 (the
 # sample of seed 0: clients 0, 1, 2, then 0, 2, 4) from the restored server state and store
 SHORT = ("rounds=2", "eval_every=1", "checkpoint_every=0")
-
-
-def saved_models(run_dir: Path) -> list:
-    """What the run saved as its final models (model.pt, then personal_models/*.pt), loaded."""
-    files = [run_dir / "model.pt", *sorted((run_dir / "personal_models").glob("*.pt"))]
-    return [torch.load(f, weights_only=True) for f in files]
-
-
-def same(a, b) -> bool:
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))
-    return a == b
 
 
 def reference(compose_cfg, lifecycle, tmp_path, *overrides, base=SHORT):
