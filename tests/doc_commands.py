@@ -142,6 +142,9 @@ def smoke_command(command: DocCommand, run_dir: Path, sweep_dir: Path, out: Path
     `outputs/multirun/...` by a finished sweep, `DIR` by a fresh folder)."""
     text = re.sub(r"\[--out DIR\]", "--out DIR", command.text)
     text = re.sub(r"\s\[[^\]]*\]", "", text)  # optional parts: `[more dirs]`, `[split=test|val]`
+    # a command that runs a sweep into a dir gets a fresh one; one that reads a sweep, the made one
+    fresh = f"hydra.sweep.dir={out / 'sweep'}"
+    text = re.sub(r"hydra\.sweep\.dir=outputs/multirun/\S+", fresh, text)
     text = re.sub(r"outputs/multirun/\S+", str(sweep_dir), text)
     text = re.sub(r"outputs/runs/\S+", str(run_dir), text)
     for placeholder in ("<sweep dir>", "<that dir>"):
@@ -192,4 +195,6 @@ def _claims_smoke(args: list[str], out: Path) -> list[str]:
         kept.append(arg)
     if "--only" not in kept:
         kept += ["--only", "1"]
+    if "paper" in kept:  # the protocol tier's FedHeNN draws its RAD from a pool smoke would cap
+        kept += ["--override", "partition.max_server_pool=null"]
     return [*kept, *CLAIMS_SMOKE, "--out", str(out / "claims")]
