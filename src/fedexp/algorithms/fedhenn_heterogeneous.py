@@ -37,9 +37,10 @@ from fedexp.algorithms.fedhenn_alignment import (
     upload_kernel,
     upload_of,
 )
-from fedexp.algorithms.fedhenn_measures import AlignmentMeter, kept, load_row, measured_metrics
+from fedexp.algorithms.fedhenn_measures import AlignmentMeter, kept, measured_metrics
 from fedexp.core.algorithm import Algorithm, BuildContext
 from fedexp.core.client import ClientModule
+from fedexp.core.client_loop import load_row
 from fedexp.core.cohort import CohortStart, CohortTraining, flat_rows, stack_messages
 from fedexp.core.flat import flat_params, load_flat, named_views
 from fedexp.core.seeding import INIT, client_arch, derive_seed

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from fedexp.algorithms.fedhenn_alignment import AlignModule, AlignPayload
+from fedexp.core.client_loop import load_row
 from fedexp.core.cohort import CohortTraining
 from fedexp.core.flat import load_flat
 from fedexp.core.seeding import derive_seed, seed_global_rng
@@ -151,16 +152,6 @@ def kept(module: nn.Module) -> Iterator[None]:
         with torch.no_grad():
             for t, value in saved:
                 t.copy_(value)
-
-
-@torch.no_grad()
-def load_row(module: nn.Module, params: Mapping[str, torch.Tensor], i: int) -> None:
-    """Client `i`'s row of stacked `params` (name -> [C, ...]) into the module (a row that is
-    the module's own tensor, as for a cohort of one, is left alone)."""
-    for name, t in [*module.named_parameters(), *module.named_buffers()]:
-        row = params[name][i]
-        if not (row.data_ptr() == t.data_ptr() and row.stride() == t.stride()):
-            t.copy_(row)
 
 
 def trained_params(module: AlignModule) -> list[torch.nn.Parameter]:

@@ -105,13 +105,7 @@ def load_start(module: ClientModule, start: CohortStart, row: int = 0) -> None:
     for tensors, flat in start.flat:
         load_flat(tensors, flat if flat.dim() == 1 else flat[row])
         loaded.update(id(t) for t in tensors)
-    with torch.no_grad():
-        for name, tensor in module_tensors(module):
-            if id(tensor) in loaded:
-                continue
-            source = start.params[name][row]
-            if not _same(source, tensor):
-                tensor.copy_(source)
+    load_row(module, start.params, row, skip=loaded)
     set_client_inputs(module, start.shared)
     set_client_inputs(
         module, {k: tree_map(lambda t: _row(t, row), v) for k, v in start.attrs.items()}
@@ -130,6 +124,19 @@ def set_round(module: ClientModule, round_idx: int) -> None:
     """Tell the module the round it trains (`ClientModule.round_idx`, 1-based): its optimizer's
     lr is that round's (`client.lr_schedule`). Every executor calls it with the client's inputs."""
     object.__setattr__(module, "round_idx", int(round_idx))
+
+
+@torch.no_grad()
+def load_row(module: ClientModule, params, row: int, skip=frozenset()) -> None:
+    """Client `row` of stacked `params` (name -> [C, ...]) into the module's parameters and
+    buffers (a row that already is the module's own tensor, as for a cohort of one, and the
+    tensors whose ids are in `skip`, are left alone)."""
+    for name, tensor in module_tensors(module):
+        if id(tensor) in skip:
+            continue
+        source = params[name][row]
+        if not _same(source, tensor):
+            tensor.copy_(source)
 
 
 def _row(value, row: int):

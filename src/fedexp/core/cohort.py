@@ -232,14 +232,17 @@ class RoundResults(Sequence):
 
     def with_uploads(self, positions: Sequence[int], uploads: Sequence[Message]) -> RoundResults:
         """These results with the uploads at `positions` replaced and flagged malicious (an
-        attack's corruption); the running statistics stay as the clients computed them."""
+        attack's corruption); the running statistics stay as the clients computed them. The
+        results given stay as they were."""
         if not positions:
             return self
         rows = [self.upload(i) for i in range(len(self))]
         for i, upload in zip(positions, uploads):
             rows[i] = upload
         stats = [self.stats(i) for i in range(len(self))]
-        out = RoundResults.concat([self._slice(i) for i in range(len(self))])
+        out = RoundResults.__new__(RoundResults)
+        out.__dict__.update(self.__dict__)
+        out._rows = {}
         try:
             out._parts = [_Part(stack_messages(rows), len(rows), _stack_or_none(stats))]
         except (ValueError, RuntimeError):  # rows of different shapes: one part each
