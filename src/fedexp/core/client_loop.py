@@ -24,6 +24,7 @@ membership-inference audit's targets and shadows) runs inside `no_trace`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
@@ -46,12 +47,15 @@ def train_local(
     batch_size: int,
     generator: torch.Generator,
     batch_transform=None,
+    budget: tuple[int, int | None] | None = None,
 ) -> LocalTraining:
     """Drive the module's `training_step` over its phases; returns what the training did.
 
     The mean loss stays a tensor so a round costs one host sync, not one per client.
     `batch_transform(x_batch, generator)` is the dataset's training augmentation, if any.
     What the steps `log` is folded into `module.log_capture` (its means: `ClientResult.logged`).
+    `budget`: (epochs, step cap or None) of the module's one phase in place of its own epochs
+    (`ClientConfig.budget`, a drawn local work); None: the phases as the module gives them.
     """
     if not (module.training and module.model.training):  # a full .train() walks every module
         module.train()
@@ -61,13 +65,16 @@ def train_local(
     phases = []
     capture = module.log_capture
     capture.reset()
-    for phase in module.phases():
+    for phase in work_phases(module, budget):
         module.start_phase(phase)
         optimizer = module.configure_optimizers()
         first = steps
+        cap = budget[1] if budget is not None and budget[1] is not None else -1
         for _epoch in range(phase.epochs):
             order = torch.randperm(n, generator=generator).to(x.device)
             for start in range(0, n, batch_size):
+                if steps - first == cap:  # a drawn step budget: the pass is cut off here
+                    break
                 idx = order[start : start + batch_size]
                 xb = x[idx] if batch_transform is None else batch_transform(x[idx], generator)
                 loss = module.training_step((xb, y[idx]), steps)
@@ -81,6 +88,41 @@ def train_local(
             PhaseTraining(phase.name, phase.epochs, steps - first, optimizer_lrs(optimizer))
         )
     return LocalTraining(steps, n, total / max(steps, 1), tuple(phases))
+
+
+def work_phases(module: ClientModule, budget: tuple[int, int | None] | None) -> list:
+    """The module's phases, or, with a drawn local work `budget` (epochs, step cap), its one
+    phase taking the budget's epochs (the run's checks allow a drawn work only for modules of
+    one phase: `check_local_work`)."""
+    phases = module.phases()
+    if budget is None:
+        return phases
+    (phase,) = phases
+    return [dataclasses.replace(phase, epochs=budget[0])]
+
+
+def check_local_work(algorithm: Algorithm, num_clients: int) -> None:
+    """A ConfigError before any training where `client.local_work` draws each client's work
+    and a client module trains other than one phase `all` of `client.local_epochs` (FedRep's head
+    and body, Ditto's two models, FRL's per-epoch schedule, centralised training)."""
+    client = algorithm.ctx.client
+    if not client.varies:
+        return
+    seen: set[int] = set()
+    for cid in range(num_clients):
+        module = algorithm.client_module(cid)
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        phases = module.phases()
+        one = len(phases) == 1 and phases[0].name == "all"
+        if not one or phases[0].epochs != client.local_epochs:
+            names = [f"{p.name} ({p.epochs} epochs)" for p in phases] or ["none"]
+            raise ConfigError(
+                f"client.local_work: {type(algorithm).__name__} trains phases of its own "
+                f"({', '.join(names)}); a drawn local work needs one phase of "
+                "client.local_epochs: use client.local_work=fixed"
+            )
 
 
 def client_streams(seed: int, round_idx: int, client_id: int) -> tuple[int, torch.Generator]:
@@ -195,18 +237,21 @@ def run_client(
     batch_transform=None,
     *,
     round_idx: int,
+    work: int | None = None,
 ) -> RoundResults:
     """One client's whole local round `round_idx` on (x, y), a cohort of one: `begin`,
     `train_local` with the algorithm's client settings at the round's lr, `end`. `stats`: the
-    running statistics broadcast beside the payload (`Algorithm.broadcast_stats`)."""
+    running statistics broadcast beside the payload (`Algorithm.broadcast_stats`); `work`: the
+    epochs or steps the client drew (`ClientConfig.work`), None: the module's own phases."""
     seed_global_rng(global_seed, algorithm.device)
     module = algorithm.client_module(client_id)
     module.generator = generator
     module.set_local_data((x, y))
     load_start(module, algorithm.begin(module, [client_id], [payload], stats))
     set_round(module, round_idx)
-    batch_size = algorithm.ctx.client.batch_size
-    trained = train_local(module, x, y, batch_size, generator, batch_transform)
+    client = algorithm.ctx.client
+    budget = client.budget(work, len(y))
+    trained = train_local(module, x, y, client.batch_size, generator, batch_transform, budget)
     training = training_facts(client_id, trained, x, y)
     params = module_rows(module)
     upload = algorithm.end(module, [payload], params, training)

@@ -20,6 +20,18 @@ decay, S the step length, W the warm-up length and lr_min the cosine's floor:
 
 The lr is a function of the round alone, so a resumed run trains as an uninterrupted one. Only
 cosine depends on the run's total T: a run using it cannot be extended (`fedexp.config.extend`).
+
+System heterogeneity (`client.local_work`): each client's local work in a round is drawn
+uniformly from the integers of `client.local_work_range` [lo, hi], on its own stream of
+(seed, round, client id) (`ClientConfig.work`), so every executor trains the same amounts and a
+resumed run draws what an uninterrupted one draws.
+
+- fixed:  every client takes `client.local_epochs` epochs (the default; no draw)
+- epochs: client i takes E_i epochs in place of `client.local_epochs` (FedNova's experiments
+          draw E_i from [2, 5])
+- steps:  client i takes K_i optimizer steps: ceil(K_i / ceil(n_i / B)) passes over its data,
+          each reshuffled, the last one cut off after the K_i-th step (FedProx's stragglers, who
+          stop partway; `FedNova` normalises by the steps taken)
 """
 
 from __future__ import annotations
@@ -58,6 +70,8 @@ def check_rule(key: str, rule: tuple[type, tuple[str, Any]], value: Any) -> Any:
     """`value` of option `key` as its type, once it fits `rule`; else a ConfigError
     `<key>: must be ..., got <value>`. A float accepts an int, never a bool."""
     kind, (bound, limit) = rule
+    if kind is tuple:
+        return _checked_range(key, value, limit)
     fits = isinstance(value, kind) or (kind is float and isinstance(value, int))
     if isinstance(value, bool) or not fits:
         raise ConfigError(f"{key}: must be {_KINDS[kind]}, got {value!r}")
@@ -68,6 +82,27 @@ def check_rule(key: str, rule: tuple[type, tuple[str, Any]], value: Any) -> Any:
     if bound in _BOUNDS and not _BOUNDS[bound](value, limit):
         raise ConfigError(f"{key}: must be {bound} {limit}, got {value!r}")
     return kind(value)
+
+
+def _checked_range(key: str, value: Any, low: int) -> tuple[int, int] | None:
+    """`value` of option `key` as (lo, hi), two ints with low <= lo <= hi, or None; else a
+    ConfigError naming the option."""
+    if value is None:
+        return None
+    pair = None if isinstance(value, (str, bytes, Mapping)) else _pair(value)
+    if pair is None or any(isinstance(v, bool) or not isinstance(v, int) for v in pair):
+        raise ConfigError(f"{key}: must be [lo, hi], two ints, got {value!r}")
+    if not low <= pair[0] <= pair[1]:
+        raise ConfigError(f"{key}: must be [lo, hi] with {low} <= lo <= hi, got {list(pair)}")
+    return pair
+
+
+def _pair(value: Any) -> tuple[Any, Any] | None:
+    try:
+        items = tuple(value)
+    except TypeError:
+        return None
+    return items if len(items) == 2 else None
 
 
 @dataclass(frozen=True)
@@ -121,6 +156,8 @@ class LRSchedule:
 # ---- the client's settings --------------------------------------------------------------------
 # module: the model's own `configure_optimizers` (a LightningModule of the user's)
 OPTIMIZERS = ("sgd", "adam", "module")
+LOCAL_WORK = ("fixed", "epochs", "steps")
+WORK_STREAM = 61  # derive_seed tag of a client's drawn local work (`client.local_work`)
 
 # client.<key>: (type, (bound, limit)); a float accepts an int, never a bool
 # (`check_rule`). Each rule of the client settings is stated here alone,
@@ -133,6 +170,8 @@ RULES: dict[str, tuple[type, tuple[str, Any]]] = {
     "momentum": (float, (">=", 0)),
     "weight_decay": (float, (">=", 0)),
     **{f"lr_{key}": rule for key, rule in SCHEDULE_RULES.items()},
+    "local_work": (str, ("in", LOCAL_WORK)),
+    "local_work_range": (tuple, ("range", 1)),  # null, or [lo, hi] with 1 <= lo <= hi
 }
 
 
@@ -159,6 +198,11 @@ class ClientConfig:
         lr_step_rounds: S of `step`: γ once every S rounds (default 10).
         lr_min: the floor `cosine` anneals to, <= lr (default 0).
         lr_warmup_rounds: W of `warmup`: lr·t/W up to round W (default 5).
+        local_work: `fixed` (the default: `local_epochs` for every client), `epochs` or
+            `steps`: each client's local work in a round drawn from `local_work_range`
+            (`fedexp.core.local`, system heterogeneity).
+        local_work_range: [lo, hi] (inclusive) the epochs or steps are drawn from; null when
+            `fixed`.
         rounds: the run's total rounds T (not a `client.*` key: the config's checks give it;
             `cosine` needs it).
     """
@@ -174,6 +218,8 @@ class ClientConfig:
     lr_step_rounds: int = 10
     lr_min: float = 0.0
     lr_warmup_rounds: int = 5
+    local_work: str = "fixed"
+    local_work_range: tuple[int, int] | None = None
     rounds: int | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
@@ -187,6 +233,17 @@ class ClientConfig:
                 f"configure_optimizers, got {self.lr_schedule!r}"
             )
         self.schedule.check("client.lr_", self.lr)
+        if self.local_work == "fixed" and self.local_work_range is not None:
+            raise ConfigError(
+                "client.local_work_range: client.local_work=fixed trains client.local_epochs "
+                "and ignores the range; set client.local_work=epochs or steps, got "
+                f"{list(self.local_work_range)}"
+            )
+        if self.local_work != "fixed" and self.local_work_range is None:
+            raise ConfigError(
+                f"client.local_work_range: client.local_work={self.local_work} draws each "
+                "client's work from it; set it as [lo, hi], e.g. client.local_work_range=[2,5]"
+            )
 
     @classmethod
     def from_mapping(cls, node: Mapping[str, Any], rounds: int | None = None) -> ClientConfig:
@@ -243,6 +300,36 @@ class ClientConfig:
     def steps_per_epoch(self, num_samples: int) -> int:
         """ceil(n / B): the optimizer steps of one epoch over `num_samples` samples."""
         return -(-num_samples // self.batch_size)
+
+    @property
+    def varies(self) -> bool:
+        """Whether each client's local work is drawn (`local_work` epochs or steps)."""
+        return self.local_work != "fixed"
+
+    def work(self, seed: int, round_idx: int, client_id: int) -> int | None:
+        """The epochs or steps client `client_id` takes in round `round_idx` of a run seeded
+        `seed`: uniform on the integers of `local_work_range`, drawn on the client's own stream
+        (`WORK_STREAM`); None when `fixed`."""
+        if self.local_work == "fixed":
+            return None
+        # here for start-up: the config's checks import this module, and seeding imports torch
+        import numpy as np
+
+        from fedexp.core.seeding import derive_seed
+
+        lo, hi = self.local_work_range
+        rng = np.random.default_rng(derive_seed(seed, WORK_STREAM, round_idx, client_id))
+        return int(rng.integers(lo, hi + 1))
+
+    def budget(self, work: int | None, num_samples: int) -> tuple[int, int | None] | None:
+        """(passes over the data, step cap or None) of a client with `num_samples` samples
+        that drew `work` (`ClientConfig.work`); None when fixed (the module's own phases)."""
+        if work is None:
+            return None
+        if self.local_work == "epochs":
+            return work, None
+        per_epoch = self.steps_per_epoch(num_samples)
+        return (-(-work // per_epoch) if per_epoch else 0), work
 
 
 @dataclass(frozen=True)

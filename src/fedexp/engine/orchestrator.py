@@ -25,6 +25,19 @@ def logged_means(results: RoundResults) -> dict[str, float]:
     return {f"client/{k}": float(v) for k, v in results.logged_means().items()}
 
 
+def work_metrics(algorithm: Algorithm, results: RoundResults) -> dict[str, float]:
+    """`clients/local_steps_{min,mean,max}` over the clients that trained, where each client's
+    local work is drawn (`client.local_work`); nothing otherwise."""
+    if not algorithm.ctx.client.varies:
+        return {}
+    steps = results.num_steps
+    return {
+        "clients/local_steps_min": min(steps),
+        "clients/local_steps_mean": sum(steps) / len(steps),
+        "clients/local_steps_max": max(steps),
+    }
+
+
 class Orchestrator:
     """Drives `rounds` rounds of configure -> local training -> attack -> aggregate -> evaluate.
 
@@ -126,6 +139,7 @@ class Orchestrator:
         metrics = {
             "train/loss": train_loss,
             **self.algorithm.round_lrs(ctx.round),  # train/client_lr, train/server_lr
+            **work_metrics(self.algorithm, results),
             **logged_means(results),
             **metrics,
             **self.attack.round_metrics(results),

@@ -24,6 +24,7 @@ from fedexp.config.validation import (
 from fedexp.config.values import CheckedValues, check_config_values
 from fedexp.core.algorithm import BuildContext
 from fedexp.core.callbacks import Callback
+from fedexp.core.client_loop import check_local_work
 from fedexp.core.client_store import ClientStore
 from fedexp.core.local import ClientConfig
 from fedexp.core.types import ConfigError
@@ -230,7 +231,9 @@ def _attack(cfg: DictConfig, ctx: BuildContext, algorithm, num_clients: int):
 
 
 def _executor(cfg: DictConfig, algorithm, num_clients: int):
-    """`cfg.executor` built; what it cannot train is refused before training."""
+    """`cfg.executor` built; what it cannot train is refused before training (a drawn local
+    work, `client.local_work`, needs modules of one phase on every executor)."""
+    check_local_work(algorithm, num_clients)
     executor = build(cfg.executor, "executor")
     check_executor = getattr(executor, "check_algorithm", None)
     if check_executor is not None:

@@ -18,9 +18,10 @@ from fedexp.algorithms.fedavg import CONSTANT_SERVER_LR, payload_rows
 from fedexp.core.flat import flat_params, load_flat
 from fedexp.core.seeding import sample_clients
 from fedexp.core.types import ConfigError
+from fedexp.engine.executors.schedule import schedule
 from fedexp.engine.executors.select import auto_executor
 from fedexp.engine.executors.sequential import SequentialExecutor
-from fedexp.engine.executors.stacked import check_vmappable, schedule
+from fedexp.engine.executors.stacked import check_vmappable
 from fedexp.engine.executors.vectorized import (
     VectorizedExecutor,
     stack_form,
@@ -76,6 +77,9 @@ VARIANTS = {
 }
 CASES = [[f"algorithm={a}", *VARIANTS.get(a, [])] for a in ALGORITHMS] + [
     ["algorithm=fedavg", "client.momentum=0.9", "client.weight_decay=0.01"],
+    # system heterogeneity: each client's drawn epochs, or steps (its last epoch cut short)
+    ["algorithm=fedavg", "client.local_work=epochs", "client.local_work_range=[1,3]"],
+    ["algorithm=fednova", "client.local_work=steps", "client.local_work_range=[1,7]"],
 ]
 
 

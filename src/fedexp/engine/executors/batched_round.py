@@ -25,7 +25,8 @@ from fedexp.core.cohort import CohortTraining, RoundResults
 from fedexp.core.local import PhaseTraining, optimizer_lrs
 from fedexp.core.seeding import CLIENT, derive_seed, seed_global_rng
 from fedexp.core.types import RoundContext
-from fedexp.engine.executors.stacked import check_vmappable, pad_rows, schedule, train_stacked
+from fedexp.engine.executors.schedule import pad_rows, schedule
+from fedexp.engine.executors.stacked import check_vmappable, train_stacked
 from fedexp.engine.functional_optim import spec_from_optimizer
 
 
@@ -58,7 +59,9 @@ def run_cohort(
     set_round(module, ctx.round)  # the optimizer's lr is the round's (`_phase_plans` reads it)
     plans, rates = _phase_plans(module)
     x_all, y_all, sizes = cohort_train_data(data, ids)
-    schedules, generators = _schedules(ctx, ids, sizes, plans, batch_size)
+    client = algorithm.ctx.client
+    budgets = [client.budget(client.work(ctx.seed, ctx.round, c), n) for c, n in zip(ids, sizes)]
+    schedules, generators = _schedules(ctx, ids, sizes, plans, batch_size, budgets)
     transform = data.batch_transform
     if transform is None:
         generators = None
@@ -70,14 +73,16 @@ def run_cohort(
         (generators, transform), chunk_size=chunk_size, pad_to=pad_to, capture=capture, loop=loop,
     )  # fmt: skip
     params.update(buffers)  # buffers as the clients began (no running statistics here)
-    epochs = sum(e for _, _, e, _ in plans)
-    steps = [epochs * -(-n // batch_size) for n in sizes]
+    phases = [
+        tuple(
+            PhaseTraining(name, e, k, lrs)
+            for (name, _, _, lrs), (e, k) in zip(rates, _phase_work(plans, n, batch_size, budget))
+        )
+        for n, budget in zip(sizes, budgets)
+    ]
+    steps = [sum(p.steps for p in client_phases) for client_phases in phases]
     steps_t = torch.tensor([max(k, 1) for k in steps], device=loss_sum.device)
     local = ClientSlices(x_all, y_all, sizes)
-    phases = [
-        tuple(PhaseTraining(name, e, e * -(-n // batch_size), lrs) for name, _, e, lrs in rates)
-        for n in sizes
-    ]  # fmt: skip
     flat_lrs = tuple(lr for *_, lrs in rates for lr in lrs)
     training = CohortTraining(ids, list(sizes), steps, loss_sum / steps_t, flat_lrs, local, phases)
     upload = algorithm.end(module, messages, params, training)
@@ -120,27 +125,45 @@ def _phase_plans(module) -> tuple[list[tuple[str, tuple[str, ...], int, dict]], 
     return plans, rates
 
 
-def _schedules(ctx: RoundContext, ids: list[int], sizes, plans, batch_size: int) -> tuple:
+def _phase_work(plans, n: int, batch_size: int, budget) -> list[tuple[int, int]]:
+    """(epochs, steps) of each phase of a client with `n` samples: the plans' epochs, or its
+    drawn local work's `budget` (epochs, step cap) for the one phase (`train_local`'s rule)."""
+    per_epoch = -(-n // batch_size)
+    if budget is None:
+        return [(e, e * per_epoch) for _, _, e, _ in plans]
+    epochs, cap = budget
+    steps = epochs * per_epoch
+    return [(epochs, steps if cap is None else min(cap, steps))]
+
+
+def _schedules(
+    ctx: RoundContext, ids: list[int], sizes, plans, batch_size: int, budgets=None
+) -> tuple:
     """Each phase's `Schedule` (host arrays): each client's permutation of every epoch of every
     phase, in that order, drawn from its own generator (as the sequential loop draws them) and
-    brought to the host at once; and the generators, where the augmentation draws next."""
-    total_epochs = sum(e for _, _, e, _ in plans)
+    brought to the host at once; and the generators, where the augmentation draws next.
+    `budgets`: each client's drawn local work (`ClientConfig.budget`) or None."""
+    budgets = budgets or [None] * len(ids)
+    work = [_phase_work(plans, n, batch_size, b) for n, b in zip(sizes, budgets)]
     perms, generators = [], []
-    for cid, n in zip(ids, sizes):
+    for cid, n, phases in zip(ids, sizes, work):
         generator = client_streams(ctx.seed, ctx.round, cid)[1]
         generators.append(generator)
-        perms.extend(torch.randperm(n, generator=generator) for _ in range(total_epochs))
+        perms.extend(torch.randperm(n, generator=generator) for e, _ in phases for _ in range(e))
     flat = torch.cat(perms).numpy() if perms else np.zeros(0, np.int64)
-    cuts = np.cumsum([n for n in sizes for _ in range(total_epochs)])[:-1]
-    pieces = np.split(flat, cuts)
-    schedules, used = [], 0
-    for _, _, epochs, _ in plans:
-        phase_orders = [
-            pieces[i * total_epochs + used : i * total_epochs + used + epochs]
-            for i in range(len(ids))
-        ]
-        schedules.append(schedule(phase_orders, sizes, batch_size))
-        used += epochs
+    counts = [n for n, phases in zip(sizes, work) for e, _ in phases for _ in range(e)]
+    pieces = np.split(flat, np.cumsum(counts)[:-1]) if counts else []
+    schedules, used = [], [0] * len(ids)
+    starts = np.cumsum([0] + [sum(e for e, _ in phases) for phases in work]).tolist()
+    for k in range(len(plans)):
+        phase_orders, caps = [], []
+        for i, phases in enumerate(work):
+            epochs, steps = phases[k]
+            at = starts[i] + used[i]
+            phase_orders.append(pieces[at : at + epochs])
+            caps.append(steps)
+            used[i] += epochs
+        schedules.append(schedule(phase_orders, sizes, batch_size, caps))
     return schedules, generators
 
 

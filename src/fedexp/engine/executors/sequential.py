@@ -27,6 +27,7 @@ class SequentialExecutor:
         """Each client of the round as a cohort of one (`run_client`); `stats`: the running
         statistics broadcast beside the payloads."""
         results = []
+        client = algorithm.ctx.client
         for cid in ctx.client_ids:
             global_seed, generator = client_streams(ctx.seed, ctx.round, cid)
             x, y = data.train(cid)
@@ -42,6 +43,7 @@ class SequentialExecutor:
                     generator,
                     data.batch_transform,
                     round_idx=ctx.round,
+                    work=client.work(ctx.seed, ctx.round, cid),
                 )  # fmt: skip
             )
         return RoundResults.concat(results)
