@@ -79,3 +79,21 @@ def test_no_passing_cohort_is_a_config_error(tmp_path):
     smoke_experiment(tmp_path, *HALF, "attack.redraw_majority=true", "clients_per_round=5")
     with pytest.raises(ConfigError, match="attack.redraw_majority: must be true or false"):
         smoke_experiment(tmp_path, *HALF, "attack.redraw_majority=sometimes")
+
+
+def test_size_sampling_that_always_draws_a_malicious_half_is_a_config_error():
+    from fedexp.attacks import NoAttack
+
+    attack = NoAttack(0.0, True)
+    attack.malicious = frozenset({0, 1})
+    # 6 clients, 4 a round: clients 0 and 1 (malicious) are in every cohort (pi = 1), so every
+    # cohort is at least half malicious
+    with pytest.raises(ConfigError, match=r"leave no round of 4 .*\(2 malicious in every cohort"):
+        attack.check_cohort(6, 4, [1.0, 1.0, 0.5, 0.5, 0.5, 0.5])
+    # uniform over the same clients: a cohort of 4 may hold 4 honest clients
+    attack.check_cohort(6, 4)
+    # one attacker certain, the other never drawn: 1 of 4 in every cohort passes
+    attack.check_cohort(6, 4, [1.0, 0.0, 0.75, 0.75, 0.75, 0.75])
+    # two honest clients hold no data (pi = 0): the other four are in every cohort of 4
+    with pytest.raises(ConfigError, match=r"\(2 malicious in every cohort"):
+        attack.check_cohort(6, 4, [1.0, 1.0, 1.0, 1.0, 0.0, 0.0])

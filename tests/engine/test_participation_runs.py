@@ -151,3 +151,37 @@ def test_a_run_dir_saved_before_the_options_existed_resumes(compose_cfg, lifecyc
     resumed = lifecycle.run(old, run_dir, resume=True)
     assert resumed["status"] == "completed"
     assert lifecycle.final(resumed) == lifecycle.final(ref)
+
+
+@pytest.mark.parametrize(
+    ("aggregator", "says"),
+    [
+        (
+            ("aggregator=trimmed_mean", "aggregator.beta=1"),
+            "2 of 3 rounds returned fewer than 3 updates (dropout, availability): "
+            "aggregator.beta=1 trims less (2 beta + 1 = 3) in them",
+        ),
+        (
+            ("aggregator=multikrum", "aggregator.f=1", "clients_per_round=5"),
+            "2 of 3 rounds returned fewer than 5 updates (dropout, availability): "
+            "aggregator.f=1 was capped (Multi-Krum needs n >= 5) in them",
+        ),
+        (("aggregator=trimmed_mean", "aggregator.beta=0.2"), None),  # scales with the round
+    ],
+    ids=["trimmed_mean", "multikrum", "fraction"],
+)
+def test_a_robust_count_sized_for_a_full_round_warns_of_smaller_rounds(
+    compose_cfg, lifecycle, tmp_path, aggregator, says
+):
+    # round 1: 2 clients available, fewer than 2 beta + 1 = 3 or Multi-Krum's 2f + 3 = 5;
+    # round 2: all 6 (the cohort of 4, or 5); round 3 replays round 1
+    trace = tmp_path / "trace.csv"
+    trace.write_text("client_id,1,2\n0,1,1\n1,1,1\n2,0,1\n3,0,1\n4,0,1\n5,0,1\n")
+    cfg = compose_cfg(*SHORT, f"availability={trace}", "clients_per_round=4", *aggregator)
+    summary = lifecycle.run(cfg, tmp_path / "run")
+    assert [r["clients/returned"] for r in lifecycle.rows(tmp_path / "run")][:2] == [
+        2,
+        cfg.clients_per_round,
+    ]
+    short = [w for w in summary["warnings"] if "returned fewer than" in w]
+    assert short == ([says] if says else [])

@@ -107,5 +107,16 @@ def _check_round(cfg) -> None:
         )
 
 
+def _min_uploads(f: Any = KNOWN, num_selected: int | None = None) -> tuple[int, str] | None:
+    """The uploads a round needs for a fixed count `f` as Multi-Krum assumes it (n > 2f + 2;
+    n > f + 2 with `num_selected` set), and why; None where the count scales with the round or
+    is the round's malicious count."""
+    if f == KNOWN or isinstance(f, bool) or not isinstance(f, int):
+        return None
+    need = (f + 3) if num_selected is not None else (2 * f + 3)
+    return need, f"aggregator.f={f} was capped (Multi-Krum needs n >= {need})"
+
+
 multikrum.check = _check
+multikrum.min_uploads = _min_uploads
 multikrum.check_config = _check_round

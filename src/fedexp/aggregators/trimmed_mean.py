@@ -66,5 +66,14 @@ def _check_round(cfg) -> None:
         )
 
 
+def _min_uploads(beta: Any = KNOWN) -> tuple[int, str] | None:
+    """The uploads a round needs for a fixed count `beta` to trim in full (2 beta + 1), and why;
+    None where the count scales with the round or is the round's malicious count."""
+    if beta == KNOWN or isinstance(beta, bool) or not isinstance(beta, int):
+        return None
+    return 2 * beta + 1, f"aggregator.beta={beta} trims less (2 beta + 1 = {2 * beta + 1})"
+
+
 trimmed_mean.check = _check
+trimmed_mean.min_uploads = _min_uploads
 trimmed_mean.check_config = _check_round

@@ -72,15 +72,25 @@ class NoAttack:
     def setup(self, ctx, num_clients: int) -> None:
         """Called once before training with the BuildContext (seed, aggregator, data...)."""
 
-    def check_cohort(self, num_clients: int, per_round: int) -> None:
+    def check_cohort(self, num_clients: int, per_round: int, probs=None) -> None:
         """Raise ConfigError when no cohort of `per_round` clients passes `rejects` (a cohort
-        larger than the population is the population: `clients_per_round` is capped there)."""
+        larger than the population is the population: `clients_per_round` is capped there).
+        `probs`: each client's inclusion probability (`sampling=size`: a client at 1 is in every
+        cohort, one at 0 in none); None: uniform."""
+        if not self.redraw_majority:
+            return
         per_round = min(per_round, num_clients)
-        benign = num_clients - len(self.malicious)
-        if self.redraw_majority and 2 * (per_round - min(benign, per_round)) >= per_round:
+        probs = [per_round / num_clients] * num_clients if probs is None else list(probs)
+        always = {c for c, p in enumerate(probs) if p >= 1}
+        benign_drawable = sum(
+            1 for c, p in enumerate(probs) if 0 < p < 1 and c not in self.malicious
+        )
+        least = len(always & self.malicious) + max(0, per_round - len(always) - benign_drawable)
+        if 2 * least >= per_round:
+            forced = f" ({least} malicious in every cohort sampling=size draws)" if always else ""
             raise ConfigError(
                 f"attack.redraw_majority: {len(self.malicious)} malicious of {num_clients} "
-                f"clients leave no round of {per_round} with fewer than half malicious"
+                f"clients leave no round of {per_round} with fewer than half malicious{forced}"
             )
 
     def rejects(self, client_ids: Sequence[int]) -> bool:

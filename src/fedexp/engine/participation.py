@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fedexp.core.seeding import dropped_clients, sample_clients
+from fedexp.core.seeding import dropped_clients, inclusion_probabilities, sample_clients
 from fedexp.data.availability import KEY as AVAILABILITY
 from fedexp.data.availability import Availability, read_availability
 
@@ -69,9 +69,14 @@ class Participation:
 
     def empty_rounds(self, rounds: int, rejects=None) -> int:
         """How many of rounds 1..`rounds` have no client returning an update."""
-        if self.trace is None and self.dropout == 0:
+        return self.short_rounds(rounds, 1, rejects)
+
+    def short_rounds(self, rounds: int, need: int, rejects=None) -> int:
+        """How many of rounds 1..`rounds` have fewer than `need` clients returning an update
+        (only dropout and a trace make a round smaller than `per_round`)."""
+        if (self.trace is None and self.dropout == 0) or need <= 0:
             return 0
-        return sum(not self.cohort(t, rejects).returned for t in range(1, rounds + 1))
+        return sum(len(self.cohort(t, rejects).returned) < need for t in range(1, rounds + 1))
 
 
 def participation(cfg, data: Any) -> Participation:
@@ -91,3 +96,13 @@ def participation(cfg, data: Any) -> Participation:
         float(cfg.get("dropout", 0.0)),
         trace,
     )
+
+
+def size_probabilities(cfg, data: Any):
+    """Each client's inclusion probability under `sampling=size` (`inclusion_probabilities` of
+    its training samples), or None under uniform sampling."""
+    if cfg.get("sampling", "uniform") != "size":
+        return None
+    n = data.num_clients
+    per_round = min(int(cfg.clients_per_round), n)
+    return inclusion_probabilities([data.num_train(c) for c in range(n)], per_round).tolist()

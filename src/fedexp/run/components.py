@@ -36,7 +36,7 @@ from fedexp.data.server_pool import reserve_server_pool
 from fedexp.engine.aggregation import check_aggregator
 from fedexp.engine.eval.finetuned import check_finetune
 from fedexp.engine.orchestrator import Orchestrator
-from fedexp.engine.participation import participation
+from fedexp.engine.participation import participation, size_probabilities
 from fedexp.runtime.allocator import keep_freed_blocks
 from fedexp.runtime.checkpoint import (
     CHECKPOINT_FILE,
@@ -226,7 +226,7 @@ def _attack(cfg: DictConfig, ctx: BuildContext, algorithm, num_clients: int):
     attack = build(cfg.attack, "attack")
     attack.check_target(algorithm)
     attack.setup(ctx, num_clients)
-    attack.check_cohort(num_clients, cfg.clients_per_round)
+    attack.check_cohort(num_clients, cfg.clients_per_round, size_probabilities(cfg, ctx.data))
     return attack
 
 

@@ -134,12 +134,14 @@ def run_warnings(c: Components, rounds: int) -> list[str]:
             f"clients_per_round={asked} asked, but the split has {clients} clients: every round "
             f"samples all {clients} (a robust aggregator's trimming is sized for {clients})"
         )
-    empty = participation(c.cfg, c.data).empty_rounds(rounds, c.attack.rejects)
+    taking_part = participation(c.cfg, c.data)
+    empty = taking_part.empty_rounds(rounds, c.attack.rejects)
     if empty:  # dropout or an availability trace left rounds without any update
         lines.append(
             f"{empty} of {rounds} rounds had no client return an update (dropout, availability): "
             "the server state stayed as it was in them (clients/returned 0)"
         )
+    lines.extend(short_round_warnings(c, taking_part, rounds, empty))
     ceiling = getattr(c.data, "coverage", {}).get("data/test_accuracy_ceiling")
     if ceiling is not None and ceiling < 1:
         lines.append(
@@ -147,6 +149,23 @@ def run_warnings(c: Components, rounds: int) -> list[str]:
             f"global test accuracy cannot exceed {ceiling:.4f}"
         )
     return lines
+
+
+def short_round_warnings(c: Components, taking_part, rounds: int, empty: int) -> list[str]:
+    """A robust aggregator's fixed count sized for a full round, in rounds that dropout or a
+    trace left smaller (the aggregator capped it there): one line, or none."""
+    aggregator = c.algorithm.ctx.aggregator
+    needs = getattr(getattr(aggregator, "func", aggregator), "min_uploads", None)
+    need = needs(**getattr(aggregator, "keywords", {})) if needs is not None else None
+    if need is None:
+        return []
+    short = taking_part.short_rounds(rounds, need[0], c.attack.rejects) - empty
+    if not short:
+        return []
+    return [
+        f"{short} of {rounds} rounds returned fewer than {need[0]} updates (dropout, "
+        f"availability): {need[1]} in them"
+    ]
 
 
 def _rounds(
