@@ -9,10 +9,11 @@ from fedexp.attacks import NoAttack
 
 
 class SleepEachRound(NoAttack):
-    def __init__(self, seconds: float = 0.2, fraction: float = 0.0):
-        super().__init__(fraction)  # attack=none's YAML carries `fraction: 0`
+    def __init__(self, seconds: float = 0.2, fraction: float = 0.0, redraw_majority: bool = False):
+        # attack=none's YAML carries `fraction: 0` and `redraw_majority: false`
+        super().__init__(fraction, redraw_majority)
         self.seconds = seconds
 
     def apply(self, results, ctx, state=None):
         time.sleep(self.seconds)
-        return list(results)
+        return results

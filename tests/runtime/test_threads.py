@@ -92,7 +92,13 @@ def test_an_auto_run_on_a_large_step_takes_the_idle_cores_and_records_them(clean
     try:
         with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
             cfg = compose(
-                "config", ["debug=smoke", "checkpoint_every=1", f"paths.cache_dir={tmp_path / 'c'}"]
+                "config",
+                [
+                    "debug=smoke",
+                    "checkpoint_every=1",
+                    "executor=sequential",  # one process (auto would shard over the 2 cores)
+                    f"paths.cache_dir={tmp_path / 'c'}",
+                ],
             )
         exp = Experiment(cfg, tmp_path)
         assert exp.threads == 2 and torch.get_num_threads() == 2

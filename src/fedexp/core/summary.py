@@ -49,7 +49,7 @@ class RunSummary:
             they are written.
         rounds_completed: rounds run to the end (a diverged round is not).
         metrics: the metrics of the last evaluated round (no time/*), data coverage and
-            runtime/threads.
+            runtime/threads and runtime/processes (the processes that trained each round).
         config: the resolved config.
         choices: the Hydra group choices (algorithm, dataset, ...).
         diverged_round: the round whose loss or model went non-finite.

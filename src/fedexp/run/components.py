@@ -35,6 +35,7 @@ from fedexp.data.schemes import check_client_count
 from fedexp.data.server_pool import reserve_server_pool
 from fedexp.engine.aggregation import check_aggregator
 from fedexp.engine.eval.finetuned import check_finetune
+from fedexp.engine.executors.select import cpu_workers
 from fedexp.engine.orchestrator import Orchestrator
 from fedexp.engine.participation import participation, size_probabilities
 from fedexp.runtime.allocator import keep_freed_blocks
@@ -208,6 +209,32 @@ class Components:
     checkpoint: dict | None = None  # the checkpoint a resumed run continues from
 
 
+def _step_threads(cfg: DictConfig, device, checkpoint, step, why: str) -> tuple[int, str]:
+    """torch's threads for the run, applied and logged: `threads` as set, the count a resumed
+    run started with, or under auto on a CPU from the step's size (`step`: the model factory,
+    the data, the client settings); one a process where `executor=auto` shards the cohort over
+    processes (`cpu_workers`), each then on a core of its own."""
+    setting = cfg.get("threads", "auto")
+    threads = torch.get_num_threads()
+    resumed = checkpoint.get("threads") if checkpoint is not None else None
+    workers = 1
+    if OmegaConf.select(cfg, "executor._target_", default="").endswith(".auto_executor"):
+        workers = cpu_workers(
+            cfg.executor.get("workers", "auto"), cfg.device, setting, cfg.clients_per_round
+        )[0]
+    if resumed is None and setting == "auto" and workers > 1:
+        threads, why = apply_threads(1, device)
+        why = f"one thread in each of {workers} processes (executor=auto)"
+    elif resumed is not None or measures_step(setting, device):  # auto: from the step's size
+        model_factory, data, client = step
+        flops = (
+            None if resumed is not None else step_flops(model_factory, data.x, client.batch_size)
+        )
+        threads, why = apply_threads(setting, device, flops, resumed)
+    log.info("threads: %d (%s)", threads, why)
+    return threads, why
+
+
 def _model_factory(cfg: DictConfig, data) -> tuple[partial, dict]:
     """(the model factory, the arguments it was given) of `cfg.model` for this data."""
     factory = build(cfg.model, "model")
@@ -279,13 +306,7 @@ def build_components(
     check_resumed_data(checkpoint, data)  # the same data as the checkpoint's
     validate_data(cfg, data)  # checks that need data facts (input shape, classes)
     model_factory, model_args = _model_factory(cfg, data)
-    resumed = checkpoint.get("threads") if checkpoint is not None else None
-    if resumed is not None or measures_step(setting, device):  # auto: from the step's size
-        flops = (
-            None if resumed is not None else step_flops(model_factory, data.x, client.batch_size)
-        )
-        threads, why = apply_threads(setting, device, flops, resumed)
-    log.info("threads: %d (%s)", threads, why)
+    threads, why = _step_threads(cfg, device, checkpoint, (model_factory, data, client), why)
     store = ClientStore(**OmegaConf.to_container(cfg.get("client_store") or {}))
     ctx = BuildContext(
         model_factory=model_factory,

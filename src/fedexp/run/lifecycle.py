@@ -52,7 +52,12 @@ def run(
     # the stop signals are held until the summary is written: one that comes in the last round
     # or after it (the final model, the summary) lets the run complete
     with callbacks.checkpointer.signals.installed():
-        return _run(c, callbacks, choices or {}, group)
+        try:
+            return _run(c, callbacks, choices or {}, group)
+        finally:
+            close = getattr(c.executor, "close", None)  # worker processes end with the run
+            if close is not None:
+                close()
 
 
 def _run(c: Components, callbacks: RunCallbacks, choices: dict, group: str | None) -> RunSummary:
@@ -93,6 +98,7 @@ def _run(c: Components, callbacks: RunCallbacks, choices: dict, group: str | Non
     final = {k: v for k, v in orch.last_eval.items() if not k.startswith("time/")}
     final.update(c.data.coverage)
     final["runtime/threads"] = c.threads
+    final["runtime/processes"] = getattr(c.executor, "workers", 1)  # executor=auto's choice
     summary = RunSummary(
         status=status,
         rounds_completed=orch.round if status != "diverged" else (diverged_round or 1) - 1,

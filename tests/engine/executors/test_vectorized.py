@@ -19,7 +19,7 @@ from fedexp.core.flat import flat_params, load_flat
 from fedexp.core.seeding import sample_clients
 from fedexp.core.types import ConfigError
 from fedexp.engine.executors.schedule import schedule
-from fedexp.engine.executors.select import auto_executor
+from fedexp.engine.executors.select import AutoExecutor
 from fedexp.engine.executors.sequential import SequentialExecutor
 from fedexp.engine.executors.stacked import check_vmappable
 from fedexp.engine.executors.vectorized import (
@@ -286,8 +286,8 @@ def test_stack_auto_is_vmap_on_cuda_or_static_shapes_and_loop_on_a_cpu():
 
 
 def test_auto_is_sequential_on_cpu_and_vectorized_on_cuda():
-    assert isinstance(auto_executor(device="cpu", chunk_size=None).inner, SequentialExecutor)
-    assert isinstance(auto_executor(device="cuda", chunk_size=None).inner, VectorizedExecutor)
+    assert isinstance(AutoExecutor(device="cpu", chunk_size=None).inner, SequentialExecutor)
+    assert isinstance(AutoExecutor(device="cuda", chunk_size=None).inner, VectorizedExecutor)
 
 
 def test_auto_falls_back_to_sequential_for_modules_vmap_cannot_train():
@@ -300,10 +300,10 @@ def test_auto_falls_back_to_sequential_for_modules_vmap_cannot_train():
     algo = FedAvg(
         make_ctx(two_client_data(), factory=bn_model), "samples", 1.0, 0.0, **CONSTANT_SERVER_LR
     )
-    auto = auto_executor(device="cuda", chunk_size=None)
+    auto = AutoExecutor(device="cuda", chunk_size=None)
     auto.check_algorithm(algo, 2)  # no error: BatchNorm statistics train sequentially
     assert isinstance(auto.inner, SequentialExecutor)
     plain = FedAvg(make_ctx(two_client_data()), "samples", 1.0, 0.0, **CONSTANT_SERVER_LR)
-    auto = auto_executor(device="cuda", chunk_size=None)
+    auto = AutoExecutor(device="cuda", chunk_size=None)
     auto.check_algorithm(plain, 2)
     assert isinstance(auto.inner, VectorizedExecutor)

@@ -26,22 +26,9 @@ import torch.distributed as dist
 from fedexp.core.algorithm import Algorithm
 from fedexp.core.cohort import RoundResults
 from fedexp.core.types import ConfigError, Message, RoundContext
+from fedexp.engine.executors.pool import shard
 from fedexp.engine.executors.select import executor_named
 from fedexp.runtime.ranks import world
-
-
-def shard(sizes: Mapping[int, int], num_shards: int) -> list[list[int]]:
-    """Clients -> shards with near-equal sample totals (largest first onto the lightest shard).
-
-    Deterministic: ties go to the lower client id and the lower shard. Each shard is sorted.
-    """
-    loads = [0] * num_shards
-    shards: list[list[int]] = [[] for _ in range(num_shards)]
-    for cid in sorted(sizes, key=lambda c: (-sizes[c], c)):
-        target = min(range(num_shards), key=lambda s: (loads[s], s))
-        shards[target].append(cid)
-        loads[target] += sizes[cid]
-    return [sorted(s) for s in shards]
 
 
 def to_device(obj: Any, device: torch.device) -> Any:
@@ -92,6 +79,7 @@ class DistributedExecutor:
             dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
             atexit.register(_shutdown)
         self.rank, self.size = rank, size
+        self.workers = size  # the processes that train each round (`runtime/processes`)
         self.inner = executor_named(inner, device, chunk_size, key="executor.inner")
 
     def check_algorithm(self, algorithm: Algorithm, num_clients: int) -> None:

@@ -1,0 +1,262 @@
+"""executor=auto over the machine's cores (`PoolExecutor`): how many processes it takes, the
+sequential executor's results bit for bit, and a stopped, killed or locked run as in one process.
+
+The test session sets OMP_NUM_THREADS=1 (conftest), so `auto` stays in one process elsewhere;
+these tests ask for the processes (`executor.workers=2`) or clear it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedexp.core.types import ConfigError
+from fedexp.engine.executors import select
+from fedexp.engine.executors.pool import PoolExecutor
+from fedexp.run import Experiment
+from fedexp.runtime.checkpoint import CHECKPOINT_FILE
+from saved_runs import same, saved_models
+
+SHORT = ("rounds=2", "eval_every=1", "checkpoint_every=0")
+POOL = ("executor.workers=2",)
+
+
+@pytest.fixture
+def cores(monkeypatch):
+    """`cores(n)`: the machine as `executor=auto` sees it, n cores and no OMP_NUM_THREADS."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+
+    def set_cores(n: int) -> None:
+        monkeypatch.setattr(select, "available_cores", lambda: n)
+
+    return set_cores
+
+
+def test_auto_takes_min_of_cores_and_cohort_processes(cores, monkeypatch):
+    cores(16)
+    assert select.cpu_workers("auto", "cpu", "auto", 10)[0] == 10
+    assert select.cpu_workers("auto", "cpu", "auto", 40) == (
+        16,
+        "16 cores available, 40 clients a round",
+    )
+    assert select.cpu_workers("auto", "cpu", 4, 40)[0] == 4  # threads=4: 16 // 4 processes
+    assert select.cpu_workers("auto", "cpu", "auto", 1)[0] == 1  # a cohort of one
+    assert select.cpu_workers(3, "cpu", "auto", 40)[0] == 3
+    assert select.cpu_workers(3, "cpu", "auto", 2)[0] == 2
+    assert select.cpu_workers("auto", "cuda", "auto", 40) == (1, "training on CUDA")
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")  # a parallel sweep's share of the cores
+    assert select.cpu_workers("auto", "cpu", "auto", 40) == (
+        4,
+        "4 cores OMP_NUM_THREADS, 40 clients a round",
+    )
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # a sweep that fills the cores: one process
+    assert select.cpu_workers("auto", "cpu", "auto", 40)[0] == 1
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    cores(1)
+    assert select.cpu_workers("auto", "cpu", "auto", 40)[0] == 1
+    monkeypatch.setenv("RANK", "0")
+    cores(16)
+    assert select.cpu_workers("auto", "cpu", "auto", 40) == (1, "a torchrun rank")
+    for bad in (0, -1, "two", True, 1.5):
+        with pytest.raises(ConfigError, match="^executor.workers: must be auto or an integer"):
+            select.cpu_workers(bad, "cpu", "auto", 40)
+
+
+@pytest.mark.experiment
+def test_auto_on_two_cores_runs_two_processes_with_one_thread_each(compose_cfg, cores, tmp_path):
+    cores(2)
+    exp = Experiment(compose_cfg(*SHORT), tmp_path / "run")
+    assert isinstance(exp.executor.inner, PoolExecutor) and exp.executor.workers == 2
+    assert exp.threads == 1
+    cores(1)
+    one = Experiment(compose_cfg(*SHORT), tmp_path / "one")
+    assert one.executor.workers == 1 and not isinstance(one.executor.inner, PoolExecutor)
+
+
+def final_state(cfg, run_dir: Path):
+    exp = Experiment(cfg, run_dir)
+    orch = exp.orchestrator()
+    try:
+        metrics = orch.run()
+    finally:
+        close = getattr(exp.executor, "close", None)
+        if close is not None:
+            close()
+    store = exp.store.state_dict()
+    return orch.state, {k: v for k, v in metrics.items() if not k.startswith("time/")}, store
+
+
+# every kind of client half: a global model, client state in the store (SCAFFOLD's control
+# variates, FedRep's heads, Ditto's personal models), FedHeNN's representations, WAFFLe's
+# Concrete samples, FRL's rankings, q-FFL's starting loss, FedProto's prototypes
+ALGORITHMS = [
+    "fedavg",
+    "scaffold",
+    "fedrep",
+    "ditto",
+    "fedhenn",
+    "waffle",
+    "frl",
+    "qffl",
+    "fedproto",
+]
+
+
+@pytest.mark.experiment
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_the_pool_trains_as_the_sequential_executor_bit_for_bit(compose_cfg, tmp_path, algorithm):
+    base = (*SHORT, f"algorithm={algorithm}", "clients_per_round=4")
+    seq_state, seq_metrics, seq_store = final_state(
+        compose_cfg(*base, "executor=sequential"), tmp_path / "seq"
+    )
+    pool_state, pool_metrics, pool_store = final_state(compose_cfg(*base, *POOL), tmp_path / "pool")
+    assert pool_metrics == seq_metrics
+    assert same(pool_state.params, seq_state.params)
+    assert same(pool_store, seq_store)  # the clients' state came back from the worker
+
+
+@pytest.mark.experiment
+def test_a_stopped_pool_run_resumes_as_an_uninterrupted_one(compose_cfg, lifecycle, tmp_path):
+    cfg = compose_cfg("rounds=3", "eval_every=1", "checkpoint_every=0", "algorithm=scaffold", *POOL)
+    ref = lifecycle.run(cfg, tmp_path / "reference")
+    assert ref["metrics"]["runtime/processes"] == 2
+    run_dir = tmp_path / "stopped"
+    stopped = lifecycle.run(cfg, run_dir, callbacks=[lifecycle.SignalAfter(1)])
+    assert stopped["status"] == "interrupted" and stopped["checkpoint_round"] == 1
+    resumed = lifecycle.run(cfg, run_dir, resume=True)
+    assert resumed["status"] == "completed" and resumed["resumed_from_round"] == 1
+    assert lifecycle.final(resumed) == lifecycle.final(ref)
+    assert lifecycle.rows(run_dir) == lifecycle.rows(tmp_path / "reference")
+    assert same(saved_models(run_dir), saved_models(tmp_path / "reference"))
+
+
+def children(pid: int) -> set[int]:
+    """The run's worker processes: its children forked from it (the same command line)."""
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    found = set()
+    for child in path.read_text().split() if path.exists() else ():
+        try:
+            if cmdline(int(child)) == cmdline(pid):
+                found.add(int(child))
+        except FileNotFoundError:
+            continue
+    return found
+
+
+def cmdline(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+def start_pool_run(tmp_path, lifecycle, run_dir: str, *overrides: str, **popen):
+    """`python -m fedexp` of a pool run whose rounds each sleep 0.4 s, in a process of its own."""
+    env = dict(os.environ, WANDB_MODE="offline", FEDEXP_CACHE_DIR=str(tmp_path / "cache"))
+    env["FEDEXP_DATA_DIR"] = str(tmp_path / "data")
+    env["PYTHONPATH"] = os.pathsep.join([str(lifecycle.repo / "src"), str(lifecycle.tests_dir)])
+    slow = ["attack._target_=slow_attack.SleepEachRound", "+attack.seconds=0.4"]
+    args = [sys.executable, "-m", "fedexp", *overrides, *slow, f"hydra.run.dir={run_dir}"]
+    return subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, **popen)
+
+
+def wait_for(proc, run_dir: Path, rows: int, checkpoint: bool = False) -> set[int]:
+    """Wait until the run has logged `rows` rounds (and written a checkpoint); its workers."""
+    workers: set[int] = set()
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        workers |= children(proc.pid)
+        log = run_dir / "metrics.jsonl"
+        logged = len(log.read_text().splitlines()) if log.exists() else 0
+        if workers and logged >= rows and (run_dir / CHECKPOINT_FILE).exists() >= checkpoint:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before it could be stopped"
+    return workers
+
+
+def gone(workers: set[int]) -> bool:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(alive(w) for w in workers):
+        time.sleep(0.05)
+    return not any(alive(w) for w in workers)
+
+
+KILLED = ("debug=smoke", "rounds=5", "eval_every=1", "checkpoint_every=2", *POOL)
+
+
+@pytest.mark.cli
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc")
+def test_a_killed_pool_run_takes_its_workers_and_lock_with_it(
+    compose_cfg, lifecycle, tmp_path, monkeypatch, capsys
+):
+    from conftest import main_in_process
+
+    monkeypatch.chdir(tmp_path)
+    proc = start_pool_run(tmp_path, lifecycle, "killed", *KILLED)
+    run_dir = tmp_path / "killed"
+    workers = wait_for(proc, run_dir, rows=3, checkpoint=True)  # past the round-2 checkpoint
+    assert len(workers) == 1 and all(alive(w) for w in workers)
+    # the run dir is locked while the run goes on
+    code, err = main_in_process(monkeypatch, capsys, "debug=smoke", "hydra.run.dir=killed")
+    assert code == 2 and "another fedexp process" in err
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert gone(workers)  # the worker died with the run, and let go of the lock
+    code, err = main_in_process(monkeypatch, capsys, f"resume={run_dir}")
+    assert code == 0, err
+    ref = lifecycle.run(compose_cfg(*KILLED), tmp_path / "ref")
+    got = json.loads((run_dir / "summary.json").read_text())
+    assert got["status"] == "completed" and got["resumed_from_round"] in (2, 4)
+    assert lifecycle.final(got) == lifecycle.final(ref)
+    assert lifecycle.rows(run_dir) == lifecycle.rows(tmp_path / "ref")
+
+
+STOPPED = ("debug=smoke", "rounds=4", "eval_every=1", "checkpoint_every=0", *POOL)
+
+
+@pytest.mark.cli
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc")
+def test_sigterm_stops_a_pool_run_after_its_round_and_resume_finishes_it(
+    compose_cfg, lifecycle, tmp_path, monkeypatch, capsys
+):
+    from conftest import main_in_process
+
+    monkeypatch.chdir(tmp_path)
+    # a process group of its own, signalled as a terminal signals its foreground job: every
+    # process of it, the worker too
+    proc = start_pool_run(tmp_path, lifecycle, "stopped", *STOPPED, start_new_session=True)
+    run_dir = tmp_path / "stopped"
+    workers = wait_for(proc, run_dir, rows=1)
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+    assert gone(workers)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["stop_signal"] == "SIGTERM"
+    assert 1 <= summary["rounds_completed"] < 4
+    assert summary["checkpoint_round"] == summary["rounds_completed"]
+    code, err = main_in_process(monkeypatch, capsys, f"resume={run_dir}")
+    assert code == 0, err
+    ref = lifecycle.run(compose_cfg(*STOPPED), tmp_path / "ref")
+    got = json.loads((run_dir / "summary.json").read_text())
+    assert lifecycle.final(got) == lifecycle.final(ref)
+    assert [r["round"] for r in lifecycle.rows(run_dir)] == [1, 2, 3, 4]
+
+
+def test_an_unknown_worker_count_is_one_line(compose_cfg, tmp_path):
+    with pytest.raises(ConfigError, match="^executor.workers: must be auto or an integer >= 1"):
+        Experiment(compose_cfg("executor.workers=0"), tmp_path)
+    assert torch.get_num_threads() >= 1
