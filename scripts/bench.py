@@ -4,6 +4,8 @@
     python scripts/bench.py --workload digits        # issue 2's fixed FedAvg workload
     python scripts/bench.py --workload pfl-cifar10 --full --device cuda \\
         --executors sequential,vectorized             # the full pfl-research workload on a GPU
+    python scripts/bench.py --workload cores         # one process vs executor=auto on the cores
+                                                     # (and Flower's simulation where installed)
     python scripts/bench.py --workload threads       # threads=auto vs every fixed thread count,
                                                      # idle and under a background load
     python scripts/bench.py --workload startup       # --help, --cfg job, completion, a config
@@ -261,7 +263,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument(
         "--workload",
         default="all",
-        choices=["all", "threads", "startup", "scale", "dispatch", *WORKLOADS],
+        choices=["all", "threads", "startup", "scale", "dispatch", "cores", *WORKLOADS],
     )
     parser.add_argument("--full", action="store_true", help="the full size named in issue 7")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -283,6 +285,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         from bench_startup import bench_startup
 
         return bench_startup(args.reps, args.json)
+    if args.workload == "cores":
+        from bench_cores import bench_cores
+
+        return bench_cores(args.reps, args.json)
     if args.workload == "threads":
         from bench_threads import bench_threads
 

@@ -1,0 +1,246 @@
+"""`python scripts/bench.py --workload cores`: one process (`executor=sequential`) against
+`executor=auto` on the cores this machine gives, and Flower's simulation engine where
+`flwr[simulation]` is installed (an optional dev extra: `pip install -e .[flower]`, or
+`FLOWER_SITE=<dir>` for a copy installed with `pip install --target <dir> 'flwr[simulation]'`).
+
+Two workloads of the issue that asked for it: MNIST-1D, the MLP 200-200, 100 clients on a
+Dirichlet split, 20 clients a round x 2 local epochs and 40 clients a round x 5. Each fedexp run
+is a `python -m fedexp` process; its mean round time is `summary.json`'s `timing.round_s_mean`
+(local training and aggregation, no evaluation), its memory the peak, over the run, of the
+proportional set size (PSS: shared pages counted once) of its processes summed. The runs of the
+settings are interleaved, rep by rep, and the medians reported with the ratios of one run.
+Flower's runs train the same model on the same clients' data with the same local SGD (batch,
+lr, epochs), its `FedAvg` strategy sampling the same number of clients a round, one CPU per
+virtual client; their mean round time is each round's time from its configuration to its
+aggregation (Ray's start-up left out, as fedexp's is).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+ROUNDS = 12
+WORKLOADS = {  # name: (clients a round, local epochs)
+    "20x2": (20, 2),
+    "40x5": (40, 5),
+}
+COMMON = [
+    "dataset=mnist1d",
+    "model=mlp",
+    "num_clients=100",
+    "partition=dirichlet",
+    f"rounds={ROUNDS}",
+    f"eval_every={ROUNDS}",
+    "checkpoint_every=0",
+    "progress=false",
+]
+
+
+def pss_kb(pid: int) -> int:
+    """The process's proportional set size (kB), 0 once it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return 0
+    for line in text.splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1])
+    return 0
+
+
+def tree(pid: int) -> list[int]:
+    """The process and its descendants."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            kids = Path(f"/proc/{p}/task/{p}/children").read_text().split()
+        except OSError:
+            kids = []
+        todo.extend(int(k) for k in kids)
+    return out
+
+
+def run_fedexp(workload: str, executor: str, cache: str) -> dict:
+    """One `python -m fedexp` run: its mean round time, processes and peak PSS (MB)."""
+    per_round, epochs = WORKLOADS[workload]
+    run_dir = tempfile.mkdtemp(prefix=f"cores-{workload}-{executor}-")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env.update(FEDEXP_CACHE_DIR=cache, WANDB_MODE="disabled")
+    args = [
+        sys.executable, "-m", "fedexp", *COMMON, f"clients_per_round={per_round}",
+        f"client.local_epochs={epochs}", f"executor={executor}", f"hydra.run.dir={run_dir}",
+    ]  # fmt: skip
+    proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL)
+    peak = 0
+    while proc.poll() is None:
+        peak = max(peak, sum(pss_kb(p) for p in tree(proc.pid)))
+        time.sleep(0.02)
+    if proc.returncode:
+        raise RuntimeError(f"fedexp {workload} {executor}: exit {proc.returncode}")
+    summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    return {
+        "round_s": summary["timing"]["round_s_mean"],
+        "processes": summary["metrics"].get("runtime/processes", 1),
+        "peak_pss_mb": peak / 1024,
+        "metrics": {k: v for k, v in summary["metrics"].items() if k.startswith("eval/")},
+    }
+
+
+def flower_path() -> None:
+    """`FLOWER_SITE`: a directory Flower was installed into (`pip install --target DIR
+    'flwr[simulation]'`), searched after this environment's packages."""
+    extra = os.environ.get("FLOWER_SITE")
+    if extra and extra not in sys.path:
+        sys.path.append(extra)
+
+
+def flower_available() -> bool:
+    flower_path()
+    try:
+        import flwr  # noqa: F401
+        import ray  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def run_flower(workload: str, cache: str) -> dict:
+    """Flower's simulation engine on the same clients, model and local work (see the module
+    docstring); its mean round time."""
+    code = FLOWER.format(workload=workload, rounds=ROUNDS, cache=cache)
+    path = [str(REPO / "src"), *filter(None, [os.environ.get("FLOWER_SITE")])]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), FEDEXP_CACHE_DIR=cache)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    if out.returncode:
+        raise RuntimeError(f"flower {workload}: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# a Flower simulation of the workload, run in a process of its own; the clients' data is the
+# fedexp run's own split (built by fedexp from the same config)
+FLOWER = """
+import os, sys
+if os.environ.get("FLOWER_SITE"):
+    sys.path.append(os.environ["FLOWER_SITE"])
+import json, time, torch
+from hydra import compose, initialize_config_dir
+import flwr as fl
+from flwr.common import ndarrays_to_parameters
+from fedexp.config.build import find_conf
+from fedexp.run import Experiment
+per_round, epochs = {{"20x2": (20, 2), "40x5": (40, 5)}}["{workload}"]
+with initialize_config_dir(config_dir=find_conf(), version_base="1.3"):
+    cfg = compose("config", overrides=["dataset=mnist1d", "model=mlp", "num_clients=100",
+        "partition=dirichlet", "paths.cache_dir={cache}", f"clients_per_round={{per_round}}",
+        f"client.local_epochs={{epochs}}"])
+exp = Experiment(cfg, "/tmp/flower-bench")
+client_cfg, data, factory = exp.client, exp.data, exp.algorithm.ctx.model_factory
+
+class Client(fl.client.NumPyClient):
+    def __init__(self, cid):
+        self.cid = int(cid)
+        self.model = factory()
+    def fit(self, parameters, config):
+        torch.set_num_threads(1)
+        for p, v in zip(self.model.parameters(), parameters):
+            p.data = torch.as_tensor(v).clone()
+        x, y = data.train(self.cid)
+        opt = torch.optim.SGD(self.model.parameters(), lr=client_cfg.lr)
+        g = torch.Generator().manual_seed(self.cid)
+        for _ in range(epochs):
+            order = torch.randperm(len(y), generator=g)
+            for s in range(0, len(y), client_cfg.batch_size):
+                idx = order[s:s + client_cfg.batch_size]
+                loss = torch.nn.functional.cross_entropy(self.model(x[idx]), y[idx])
+                opt.zero_grad(); loss.backward(); opt.step()
+        return [p.detach().numpy() for p in self.model.parameters()], len(y), {{}}
+
+class Timed(fl.server.strategy.FedAvg):
+    # FedAvg that times each round from its configuration to its aggregation
+    rounds = []
+    def configure_fit(self, server_round, parameters, client_manager):
+        self.start = time.perf_counter()
+        return super().configure_fit(server_round, parameters, client_manager)
+    def aggregate_fit(self, server_round, results, failures):
+        out = super().aggregate_fit(server_round, results, failures)
+        self.rounds.append(time.perf_counter() - self.start)
+        return out
+
+init = [p.detach().numpy() for p in factory().parameters()]
+strategy = Timed(fraction_fit=per_round / data.num_clients,
+    min_fit_clients=per_round, fraction_evaluate=0.0, min_evaluate_clients=0,
+    min_available_clients=data.num_clients, initial_parameters=ndarrays_to_parameters(init))
+fl.simulation.start_simulation(client_fn=lambda cid: Client(cid).to_client(),
+    num_clients=data.num_clients, config=fl.server.ServerConfig(num_rounds={rounds}),
+    strategy=strategy, client_resources={{"num_cpus": 1}})
+print(json.dumps({{"round_s": sum(Timed.rounds) / len(Timed.rounds)}}))
+"""
+
+
+def bench_cores(reps: int = 3, json_path: Path | None = None) -> list[dict]:
+    from fedexp.runtime.threads import available_cores
+
+    cores = available_cores()
+    flower = flower_available()
+    missing = "not installed (pip install 'flwr[simulation]')"
+    print(f"{cores} cores; Flower {'installed' if flower else missing}")
+    results = []
+    with tempfile.TemporaryDirectory() as cache:
+        run_fedexp("20x2", "sequential", cache)  # untimed: the dataset's cache is written
+        for workload in WORKLOADS:
+            runs: dict[str, list] = {"sequential": [], "auto": [], "flower": []}
+            for _ in range(reps):
+                for executor in ("sequential", "auto"):
+                    runs[executor].append(run_fedexp(workload, executor, cache))
+                if flower:
+                    runs["flower"].append(run_flower(workload, cache))
+            med = {k: statistics.median(r["round_s"] for r in v) for k, v in runs.items() if v}
+            pss = {
+                k: statistics.median(r["peak_pss_mb"] for r in v)
+                for k, v in runs.items()
+                if v and "peak_pss_mb" in v[0]
+            }
+            same = all(
+                r["metrics"] == runs["sequential"][0]["metrics"]
+                for r in runs["sequential"] + runs["auto"]
+            )
+            row = {
+                "workload": workload,
+                "cores": cores,
+                "processes": runs["auto"][0]["processes"],
+                "round_s": med,
+                "speedup": med["sequential"] / med["auto"],
+                "peak_pss_mb": pss,
+                "memory_ratio": pss["auto"] / pss["sequential"],
+                "identical_metrics": same,
+            }
+            if "flower" in med:
+                row["flower_over_auto"] = med["flower"] / med["auto"]
+            results.append(row)
+            flower_text = (
+                f", Flower {med['flower']:.3f} s ({row['flower_over_auto']:.2f}x auto's)"
+                if "flower" in med
+                else ""
+            )
+            print(
+                f"{workload}: one process {med['sequential']:.3f} s/round, auto "
+                f"({row['processes']} processes) {med['auto']:.3f} s/round: "
+                f"{row['speedup']:.2f}x; peak PSS {pss['sequential']:.0f} MB -> "
+                f"{pss['auto']:.0f} MB ({row['memory_ratio']:.2f}x); identical metrics: "
+                f"{same}{flower_text}"
+            )
+    if json_path is not None:
+        json_path.write_text(json.dumps(results, indent=2))
+    return results
