@@ -26,6 +26,7 @@ FLOP rate the same model reaches when trained at a large batch: no runner can be
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import statistics
 import sys
@@ -281,18 +282,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )
     args = parser.parse_args(argv)
     executors = args.executors.split(",")
-    if args.workload == "startup":
-        from bench_startup import bench_startup
-
-        return bench_startup(args.reps, args.json)
-    if args.workload == "cores":
-        from bench_cores import bench_cores
-
-        return bench_cores(args.reps, args.json)
-    if args.workload == "threads":
-        from bench_threads import bench_threads
-
-        return bench_threads(args.reps, args.json)
+    if args.workload in ("cores", "startup", "threads"):  # each in a module of its own
+        module = importlib.import_module(f"bench_{args.workload}")
+        return getattr(module, f"bench_{args.workload}")(args.reps, args.json)
     if args.workload == "dispatch":
         from bench_dispatch import bench_dispatch
 

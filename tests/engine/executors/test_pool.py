@@ -97,16 +97,20 @@ def final_state(cfg, run_dir: Path):
 # every kind of client half: a global model, client state in the store (SCAFFOLD's control
 # variates, FedRep's heads, Ditto's personal models), FedHeNN's representations, WAFFLe's
 # Concrete samples, FRL's rankings, q-FFL's starting loss, FedProto's prototypes
+SLOW = {"ditto", "qffl", "fedproto"}  # the slow tier's (`pytest -m slow`)
 ALGORITHMS = [
-    "fedavg",
-    "scaffold",
-    "fedrep",
-    "ditto",
-    "fedhenn",
-    "waffle",
-    "frl",
-    "qffl",
-    "fedproto",
+    pytest.param(a, marks=pytest.mark.slow) if a in SLOW else a
+    for a in (
+        "fedavg",
+        "scaffold",
+        "fedrep",
+        "ditto",
+        "fedhenn",
+        "waffle",
+        "frl",
+        "qffl",
+        "fedproto",
+    )
 ]
 
 
