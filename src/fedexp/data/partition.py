@@ -274,7 +274,10 @@ def local_split(
 
     Each client's permutation is drawn in place on its slice of one flat array, in client order
     (the stream of one `rng.permutation` per client); the cuts and the per-client sorting are
-    vectorised (one sort of the whole pool).
+    vectorised: one in-place sort of the pool by (kind, client, index), whose keys are built from
+    each client's three counts (its test, validation and training samples come in that order
+    within its permuted slice). Working memory: the permuted copy and the keys, two int64 a
+    sample (the keys become the returned index tables).
     """
     parts = Split.of(parts)
     sizes, offsets = parts.sizes, parts.offsets
@@ -288,19 +291,21 @@ def local_split(
     if val_fraction > 0:
         n_val = np.where(sizes >= 3, np.maximum(1, n_val), n_val)
     n_val = np.maximum(0, np.minimum(n_val, sizes - n_test - 1))
+    n_test = np.minimum(n_test, sizes)
+    # (3, clients): each kind's samples per client, kinds in order test, validation, train
+    counts = np.stack([n_test, n_val, sizes - n_test - n_val])
     num, n = len(parts), max(1, int(perm.max(initial=0)) + 1)
-    owner = parts.owners()
-    pos = np.arange(len(perm)) - offsets[owner]
-    kind = (pos >= n_test[owner]).astype(np.int64) + (pos >= (n_test + n_val)[owner])
-    # one sort by (kind, client, index): each kind's clients in order, each client's sorted
-    key = np.sort((kind * num + owner) * n + perm)
-    del owner, pos, kind
-    segment = key // n
-    counts = np.bincount(segment, minlength=3 * num).reshape(3, num)
+    # a sample's key: (kind * num + client) * n + index; a client's slice holds its test,
+    # validation and training samples in that order, so the segment ids repeat in that order
+    segment = (np.arange(3)[:, None] * num + np.arange(num)[None, :]).T.ravel()
+    key = np.repeat(segment * n, counts.T.ravel())
+    key += perm
+    del perm
+    key.sort()  # each kind's clients in order, each client's indices sorted
+    np.remainder(key, n, out=key)  # the indices themselves
     bounds = np.concatenate([[0], np.cumsum(counts.sum(1))])
-    flat = key - segment * n
     test, val, train = (
-        Split(flat[bounds[k] : bounds[k + 1]], np.concatenate([[0], np.cumsum(counts[k])]))
+        Split(key[bounds[k] : bounds[k + 1]], np.concatenate([[0], np.cumsum(counts[k])]))
         for k in range(3)
     )
     return train, val, test
@@ -327,9 +332,25 @@ def reduce_clients(train: Split, fraction: float, factor: float, seed: int) -> S
     return Split.of(out)
 
 
+COUNT_CHUNK = 1 << 20  # training samples counted at once by class_counts
+
+
 def class_counts(labels: np.ndarray, partition: Partition, num_classes: int) -> np.ndarray:
-    """(num_clients, num_classes) training-sample counts (one bincount over the whole pool)."""
+    """(num_clients, num_classes) training-sample counts: a bincount of (client, class) cells,
+    over about COUNT_CHUNK samples of whole clients at a time (working memory bounded by the
+    chunk, not the pool)."""
     train = Split.of(partition.train)
-    num = len(train)
-    cells = train.owners() * num_classes + labels[train.flat]
-    return np.bincount(cells, minlength=num * num_classes).reshape(num, num_classes)
+    num, offsets = len(train), train.offsets
+    counts = np.zeros(num * num_classes, dtype=np.int64)
+    start = 0
+    while start < num:
+        stop = int(np.searchsorted(offsets, offsets[start] + COUNT_CHUNK, "right")) - 1
+        stop = min(max(stop, start + 1), num)
+        sizes = np.diff(offsets[start : stop + 1])
+        cells = np.repeat(np.arange(start, stop) * num_classes, sizes)
+        cells += labels[train.flat[offsets[start] : offsets[stop]]]
+        counts[start * num_classes : stop * num_classes] += np.bincount(
+            cells - start * num_classes, minlength=(stop - start) * num_classes
+        )
+        start = stop
+    return counts.reshape(num, num_classes)
