@@ -166,7 +166,13 @@ def partition_coverage(dataset, partition, pooled: int = 0) -> dict[str, Any]:
     held = np.unique(labels[partition.train.flat])
     used = len(partition.train.flat)
     splits = (partition.train, partition.test, getattr(partition, "val", None))
-    local = len(np.unique(np.concatenate([s.flat for s in splits if s is not None])))
+    # the samples some client holds, counted with a mask (a set of every index held costs
+    # tens of bytes a sample at once: the peak of a 100 000-client run)
+    mask = np.zeros(len(labels), dtype=bool)
+    for split in splits:
+        if split is not None:
+            mask[split.flat] = True
+    local = int(np.count_nonzero(mask))
     total = max(len(labels) + pooled, 1)
     if dataset.test_y is not None:
         test_labels = dataset.test_y.numpy()
