@@ -6,9 +6,11 @@
 Two workloads of the issue that asked for it: MNIST-1D, the MLP 200-200, 100 clients on a
 Dirichlet split, 20 clients a round x 2 local epochs and 40 clients a round x 5. Each fedexp run
 is a `python -m fedexp` process; its mean round time is `summary.json`'s `timing.round_s_mean`
-(local training and aggregation, no evaluation), its memory the peak, over the run, of the
+(local training and aggregation, no evaluation), with the median of the rounds after the
+first beside it (the first holds one-time costs), its memory the peak, over the run, of the
 proportional set size (PSS: shared pages counted once) of its processes summed. The runs of the
-settings are interleaved, rep by rep, and the medians reported with the ratios of one run.
+settings are interleaved, rep by rep (Flower's after them: Ray's processes outlive a run for a
+while), and the medians reported with the ratios of one run.
 Flower's runs train the same model on the same clients' data with the same local SGD (batch,
 lr, epochs), its `FedAvg` strategy sampling the same number of clients a round, one CPU per
 virtual client; their mean round time is each round's time from its configuration to its
@@ -88,8 +90,13 @@ def run_fedexp(workload: str, executor: str, cache: str) -> dict:
     if proc.returncode:
         raise RuntimeError(f"fedexp {workload} {executor}: exit {proc.returncode}")
     summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    rows = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    later = [json.loads(row)["time/round_s"] for row in rows[1:]]
     return {
         "round_s": summary["timing"]["round_s_mean"],
+        # after the first round, whose one-time costs (the workers' and torch's first steps)
+        # a longer run spreads thinner
+        "later_round_s": statistics.median(later),
         "processes": summary["metrics"].get("runtime/processes", 1),
         "peak_pss_mb": peak / 1024,
         "metrics": {k: v for k, v in summary["metrics"].items() if k.startswith("eval/")},
@@ -204,9 +211,13 @@ def bench_cores(reps: int = 3, json_path: Path | None = None) -> list[dict]:
             for _ in range(reps):
                 for executor in ("sequential", "auto"):
                     runs[executor].append(run_fedexp(workload, executor, cache))
-                if flower:
-                    runs["flower"].append(run_flower(workload, cache))
+            for _ in range(reps if flower else 0):  # after fedexp's: Ray's processes linger
+                runs["flower"].append(run_flower(workload, cache))
             med = {k: statistics.median(r["round_s"] for r in v) for k, v in runs.items() if v}
+            later = {
+                k: statistics.median(r["later_round_s"] for r in runs[k])
+                for k in ("sequential", "auto")
+            }
             pss = {
                 k: statistics.median(r["peak_pss_mb"] for r in v)
                 for k, v in runs.items()
@@ -222,6 +233,8 @@ def bench_cores(reps: int = 3, json_path: Path | None = None) -> list[dict]:
                 "processes": runs["auto"][0]["processes"],
                 "round_s": med,
                 "speedup": med["sequential"] / med["auto"],
+                "later_round_s": later,
+                "later_speedup": later["sequential"] / later["auto"],
                 "peak_pss_mb": pss,
                 "memory_ratio": pss["auto"] / pss["sequential"],
                 "identical_metrics": same,
@@ -237,7 +250,9 @@ def bench_cores(reps: int = 3, json_path: Path | None = None) -> list[dict]:
             print(
                 f"{workload}: one process {med['sequential']:.3f} s/round, auto "
                 f"({row['processes']} processes) {med['auto']:.3f} s/round: "
-                f"{row['speedup']:.2f}x; peak PSS {pss['sequential']:.0f} MB -> "
+                f"{row['speedup']:.2f}x (rounds after the first: {later['sequential']:.3f} s, "
+                f"{later['auto']:.3f} s, {row['later_speedup']:.2f}x); "
+                f"peak PSS {pss['sequential']:.0f} MB -> "
                 f"{pss['auto']:.0f} MB ({row['memory_ratio']:.2f}x); identical metrics: "
                 f"{same}{flower_text}"
             )
