@@ -7,7 +7,8 @@ Two workloads of the issue that asked for it: MNIST-1D, the MLP 200-200, 100 cli
 Dirichlet split, 20 clients a round x 2 local epochs and 40 clients a round x 5. Each fedexp run
 is a `python -m fedexp` process; its mean round time is `summary.json`'s `timing.round_s_mean`
 (local training and aggregation, no evaluation), with the median of the rounds after the
-first beside it (the first holds one-time costs), its memory the peak, over the run, of the
+first beside it (the first holds one-time costs); its memory, in one more run of each setting
+whose times are not used (reading a process's PSS stalls it), the peak over the run of the
 proportional set size (PSS: shared pages counted once) of its processes summed. The runs of the
 settings are interleaved, rep by rep (Flower's after them: Ray's processes outlive a run for a
 while), and the medians reported with the ratios of one run.
@@ -72,8 +73,9 @@ def tree(pid: int) -> list[int]:
     return out
 
 
-def run_fedexp(workload: str, executor: str, cache: str) -> dict:
-    """One `python -m fedexp` run: its mean round time, processes and peak PSS (MB)."""
+def run_fedexp(workload: str, executor: str, cache: str, watch: bool = False) -> dict:
+    """One `python -m fedexp` run: its mean round time, processes and, `watch`ed, its peak PSS
+    (MB; reading a process's PSS stalls it, so a watched run's times are not used)."""
     per_round, epochs = WORKLOADS[workload]
     run_dir = tempfile.mkdtemp(prefix=f"cores-{workload}-{executor}-")
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
@@ -85,8 +87,9 @@ def run_fedexp(workload: str, executor: str, cache: str) -> dict:
     proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL)
     peak = 0
     while proc.poll() is None:
-        peak = max(peak, sum(pss_kb(p) for p in tree(proc.pid)))
-        time.sleep(0.02)
+        if watch:
+            peak = max(peak, sum(pss_kb(p) for p in tree(proc.pid)))
+        time.sleep(0.05)
     if proc.returncode:
         raise RuntimeError(f"fedexp {workload} {executor}: exit {proc.returncode}")
     summary = json.loads((Path(run_dir) / "summary.json").read_text())
@@ -211,6 +214,7 @@ def bench_cores(reps: int = 3, json_path: Path | None = None) -> list[dict]:
             for _ in range(reps):
                 for executor in ("sequential", "auto"):
                     runs[executor].append(run_fedexp(workload, executor, cache))
+            watched = {e: run_fedexp(workload, e, cache, watch=True) for e in runs if e != "flower"}
             for _ in range(reps if flower else 0):  # after fedexp's: Ray's processes linger
                 runs["flower"].append(run_flower(workload, cache))
             med = {k: statistics.median(r["round_s"] for r in v) for k, v in runs.items() if v}
@@ -218,11 +222,7 @@ def bench_cores(reps: int = 3, json_path: Path | None = None) -> list[dict]:
                 k: statistics.median(r["later_round_s"] for r in runs[k])
                 for k in ("sequential", "auto")
             }
-            pss = {
-                k: statistics.median(r["peak_pss_mb"] for r in v)
-                for k, v in runs.items()
-                if v and "peak_pss_mb" in v[0]
-            }
+            pss = {k: r["peak_pss_mb"] for k, r in watched.items()}
             same = all(
                 r["metrics"] == runs["sequential"][0]["metrics"]
                 for r in runs["sequential"] + runs["auto"]
