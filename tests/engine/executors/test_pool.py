@@ -160,11 +160,20 @@ def cmdline(pid: int) -> bytes:
 
 
 def alive(pid: int) -> bool:
+    """Whether any thread of the process still runs: a killed process's leader turns zombie
+    while its other threads exit, and its files (the run dir's lock) close with the last."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except (FileNotFoundError, NotADirectoryError):
         return False
-    return state != "Z"
+    for task in tasks:
+        try:
+            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, IndexError):
+            continue
+        if state not in ("Z", "X"):
+            return True
+    return False
 
 
 def start_pool_run(tmp_path, lifecycle, run_dir: str, *overrides: str, **popen):
