@@ -47,6 +47,13 @@ def available_cores() -> int:
     return max(cores, 1)
 
 
+def omp_threads() -> int | None:
+    """The threads OMP_NUM_THREADS gives this process (a user's, a scheduler's, or a parallel
+    sweep's launcher's share of the cores), or None where it is unset or not a count >= 1."""
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    return int(env) if env.isdigit() and int(env) >= 1 else None
+
+
 def idle_cores(window_s: float = IDLE_WINDOW_S) -> float:
     """Cores no process used over `window_s` (Linux: /proc/stat's idle time, system-wide), else
     the CPUs less the 1-minute load average."""
@@ -95,9 +102,9 @@ def choose_threads(
     cores = available_cores()
     # OMP_NUM_THREADS is how a user, a scheduler or joblib's workers (cores // parallel jobs)
     # say what this process may use
-    env = os.environ.get("OMP_NUM_THREADS", "")
-    if env.isdigit() and int(env) >= 1:
-        return min(int(env), cores), "OMP_NUM_THREADS"
+    told = omp_threads()
+    if told is not None:
+        return min(told, cores), "OMP_NUM_THREADS"
     if device.type == "cuda":
         return min(cores, CUDA_HOST_THREADS), f"cuda host threads, {cores} cores available"
     if flops is None or flops < PARALLEL_STEP_FLOPS or cores == 1:
@@ -112,9 +119,7 @@ def choose_threads(
 def measures_step(setting, device: torch.device) -> bool:
     """Whether `choose_threads` would use the model's step size (`auto` on a CPU the environment
     says nothing about)."""
-    env = os.environ.get("OMP_NUM_THREADS", "")
-    cpu = device.type == "cpu"
-    return setting == "auto" and cpu and not (env.isdigit() and int(env) >= 1)
+    return setting == "auto" and device.type == "cpu" and omp_threads() is None
 
 
 def apply_threads(

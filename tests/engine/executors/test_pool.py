@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from fedexp.core.types import ConfigError
 from fedexp.engine.executors import select
@@ -208,6 +207,21 @@ def gone(workers: set[int]) -> bool:
     return not any(alive(w) for w in workers)
 
 
+def resumed_as_uninterrupted(cfg, lifecycle, run_dir: Path, monkeypatch, capsys) -> dict:
+    """`python -m fedexp resume=<run_dir>` (in this process) completes the run, its final
+    metrics and every row those of an uninterrupted run of `cfg`; its summary."""
+    from conftest import main_in_process
+
+    code, err = main_in_process(monkeypatch, capsys, f"resume={run_dir}")
+    assert code == 0, err
+    ref = lifecycle.run(cfg, run_dir.parent / "ref")
+    got = json.loads((run_dir / "summary.json").read_text())
+    assert got["status"] == "completed"
+    assert lifecycle.final(got) == lifecycle.final(ref)
+    assert lifecycle.rows(run_dir) == lifecycle.rows(run_dir.parent / "ref")
+    return got
+
+
 KILLED = ("debug=smoke", "rounds=12", "eval_every=1", "checkpoint_every=2", *POOL)
 
 
@@ -230,13 +244,8 @@ def test_a_killed_pool_run_takes_its_workers_and_lock_with_it(
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert gone(workers)  # the worker died with the run, and let go of the lock
-    code, err = main_in_process(monkeypatch, capsys, f"resume={run_dir}")
-    assert code == 0, err
-    ref = lifecycle.run(compose_cfg(*KILLED), tmp_path / "ref")
-    got = json.loads((run_dir / "summary.json").read_text())
-    assert got["status"] == "completed" and got["resumed_from_round"] in (2, 4, 6, 8, 10)
-    assert lifecycle.final(got) == lifecycle.final(ref)
-    assert lifecycle.rows(run_dir) == lifecycle.rows(tmp_path / "ref")
+    got = resumed_as_uninterrupted(compose_cfg(*KILLED), lifecycle, run_dir, monkeypatch, capsys)
+    assert got["resumed_from_round"] in (2, 4, 6, 8, 10)
 
 
 STOPPED = ("debug=smoke", "rounds=4", "eval_every=1", "checkpoint_every=0", *POOL)
@@ -247,7 +256,6 @@ STOPPED = ("debug=smoke", "rounds=4", "eval_every=1", "checkpoint_every=0", *POO
 def test_sigterm_stops_a_pool_run_after_its_round_and_resume_finishes_it(
     compose_cfg, lifecycle, tmp_path, monkeypatch, capsys
 ):
-    from conftest import main_in_process
 
     monkeypatch.chdir(tmp_path)
     # a process group of its own, signalled as a terminal signals its foreground job: every
@@ -262,15 +270,9 @@ def test_sigterm_stops_a_pool_run_after_its_round_and_resume_finishes_it(
     assert summary["status"] == "interrupted" and summary["stop_signal"] == "SIGTERM"
     assert 1 <= summary["rounds_completed"] < 4
     assert summary["checkpoint_round"] == summary["rounds_completed"]
-    code, err = main_in_process(monkeypatch, capsys, f"resume={run_dir}")
-    assert code == 0, err
-    ref = lifecycle.run(compose_cfg(*STOPPED), tmp_path / "ref")
-    got = json.loads((run_dir / "summary.json").read_text())
-    assert lifecycle.final(got) == lifecycle.final(ref)
-    assert [r["round"] for r in lifecycle.rows(run_dir)] == [1, 2, 3, 4]
+    resumed_as_uninterrupted(compose_cfg(*STOPPED), lifecycle, run_dir, monkeypatch, capsys)
 
 
 def test_an_unknown_worker_count_is_one_line(compose_cfg, tmp_path):
     with pytest.raises(ConfigError, match="^executor.workers: must be auto or an integer >= 1"):
         Experiment(compose_cfg("executor.workers=0"), tmp_path)
-    assert torch.get_num_threads() >= 1

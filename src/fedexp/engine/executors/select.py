@@ -14,7 +14,7 @@ from fedexp.core.types import ConfigError, Message, RoundContext
 from fedexp.engine.executors.pool import PoolExecutor
 from fedexp.engine.executors.sequential import SequentialExecutor
 from fedexp.engine.executors.vectorized import VectorizedExecutor
-from fedexp.runtime.threads import available_cores
+from fedexp.runtime.threads import available_cores, omp_threads
 
 log = logging.getLogger(__name__)
 
@@ -56,15 +56,13 @@ def cpu_workers(workers, device: str, threads, clients_per_round: int | None) ->
     cohort = max(int(clients_per_round or 1), 1)
     if workers != "auto":
         return min(workers, cohort), f"executor.workers={workers}"
-    cores = available_cores()
-    env = os.environ.get("OMP_NUM_THREADS", "")
-    told = env.isdigit() and int(env) >= 1
-    if told:
-        cores = min(cores, int(env))
+    cores, told = available_cores(), omp_threads()
+    if told is not None:
+        cores = min(cores, told)
     per_process = threads if isinstance(threads, int) and not isinstance(threads, bool) else 1
     usable = max(cores // max(per_process, 1), 1)
     count = min(usable, cohort)
-    source = "OMP_NUM_THREADS" if told else "available"
+    source = "OMP_NUM_THREADS" if told is not None else "available"
     why = f"{cores} cores {source}, {cohort} clients a round"
     return count, why
 
@@ -91,7 +89,6 @@ class AutoExecutor:
             log.info("executor=auto: %d processes (%s)", self.workers, why)
         else:
             log.info("executor=auto: one process (%s)", why)
-        self.why = why
 
     def close(self) -> None:
         close = getattr(self.inner, "close", None)
