@@ -7,9 +7,15 @@ otherwise by id (`class_0`).
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import ctypes
 import hashlib
 import io
+import multiprocessing
+import os
+import signal
+import sys
 import threading
 from functools import partial
 from pathlib import Path
@@ -24,6 +30,7 @@ MAX_ROWS = 200  # beyond this many clients the plot shows a representative subse
 _DRAWN: dict[str, bytes] = {}
 _DRAWN_KEPT = 8
 _DRAWN_LOCK = threading.Lock()
+PR_SET_PDEATHSIG, PR_SET_NAME = 1, 15  # prctl(2) options
 
 
 def plot_rows(counts: np.ndarray, max_rows: int = MAX_ROWS) -> np.ndarray:
@@ -141,10 +148,9 @@ def draw_once(
     """`plot_label_distribution`, or the bytes of the same plot drawn earlier in this process."""
     counts, path = np.asarray(counts), Path(path)
     names = None if class_names is None else tuple(class_names)
-    key = hashlib.sha1(f"{counts.shape} {counts.dtype} {title!r} {names!r}".encode())
-    key.update(np.ascontiguousarray(counts).tobytes())
+    key = _drawn_key(counts, title, names)
     with _DRAWN_LOCK:
-        png = _DRAWN.get(key.hexdigest())
+        png = _DRAWN.get(key)
     if png is not None:
         path.write_bytes(png)
         return path
@@ -152,12 +158,25 @@ def draw_once(
         plot_label_distribution(counts, path, title)
     else:
         plot_label_distribution(counts, path, title, class_names=names)
-    png = path.read_bytes()
     with _DRAWN_LOCK:
-        while len(_DRAWN) >= _DRAWN_KEPT:
-            _DRAWN.pop(next(iter(_DRAWN)))
-        _DRAWN[key.hexdigest()] = png
+        _remember(key, path.read_bytes())
     return path
+
+
+def _drawn_key(counts, title: str, class_names) -> str:
+    """What a plot shows, as the key of `_DRAWN`."""
+    counts = np.asarray(counts)
+    names = None if class_names is None else tuple(class_names)
+    key = hashlib.sha1(f"{counts.shape} {counts.dtype} {title!r} {names!r}".encode())
+    key.update(np.ascontiguousarray(counts).tobytes())
+    return key.hexdigest()
+
+
+def _remember(key: str, png: bytes) -> None:
+    """Keep a drawn PNG (the most recent `_DRAWN_KEPT`); the caller holds `_DRAWN_LOCK`."""
+    while len(_DRAWN) >= _DRAWN_KEPT:
+        _DRAWN.pop(next(iter(_DRAWN)))
+    _DRAWN[key] = png
 
 
 def write_partition_stats(
@@ -175,20 +194,28 @@ def write_partition_stats(
 
 
 class PartitionStats:
-    """The partition's files (`write_partition_stats`): the CSV written, the PNG drawn in a
-    thread of its own when `background` (matplotlib's import and the drawing take a second or
-    two, which the first rounds need not wait for). `wait()` returns (path, kind) of both, the
-    plot first, once the PNG is written, and raises what drawing it raised."""
+    """The partition's files (`write_partition_stats`): the CSV written, the PNG drawn by a
+    process of its own when `background` (matplotlib's import and the drawing take a second or
+    two of CPU). That process runs at the lowest priority, so the rounds lose no core to it: on a
+    machine with a core idle it draws there at once; on one whose cores the run fills (the pool
+    executor's workers) it takes what they leave and finishes by the run's end, where `wait()`
+    waits for it. (A thread drawing it held the interpreter's lock through the first round,
+    which it made seconds slower.) Where processes cannot be forked it draws in a thread.
+    `wait()` returns (path, kind) of both, the plot first, once the PNG is written, and raises
+    what drawing it raised."""
 
     def __init__(self, artifacts: tuple[tuple[Path, str], ...], draw, background: bool):
         self.artifacts = artifacts
         self._error: BaseException | None = None
         self._thread = None
-        if background:
+        self._child = None
+        if not background:
+            draw()
+        elif "fork" in multiprocessing.get_all_start_methods():
+            self._child = _DrawingProcess(draw)
+        else:
             self._thread = threading.Thread(target=self._draw, args=(draw,), name="partition-plot")
             self._thread.start()
-        else:
-            draw()
 
     def _draw(self, draw) -> None:
         try:
@@ -199,10 +226,81 @@ class PartitionStats:
     def wait(self) -> tuple[tuple[Path, str], ...]:
         if self._thread is not None:
             self._thread.join()
+        if self._child is not None:
+            self._error = self._child.wait()
+            self._child = None
         if self._error is not None:
             error, self._error = self._error, None
             raise error
         return self.artifacts
+
+
+class _DrawingProcess:
+    """`draw` (a `draw_once` partial) in a forked child at the lowest priority; `wait()` returns
+    what it raised, or None, and keeps the PNG it drew in this process's `_DRAWN` (a sweep's
+    next job on the same partition writes those bytes without drawing)."""
+
+    def __init__(self, draw):
+        self._draw = draw
+        counts, _, title, names = draw.args
+        self._key = _drawn_key(counts, title, names)
+        with _DRAWN_LOCK:
+            cached = self._key in _DRAWN
+        self._conn = self._proc = None
+        if cached:  # written now, as draw_once writes a known plot
+            draw()
+            return
+        context = multiprocessing.get_context("fork")
+        sys.stdout.flush()  # a forked child must not write this process's buffered output again
+        sys.stderr.flush()
+        self._conn, theirs = context.Pipe(duplex=False)
+        self._proc = context.Process(
+            target=_draw_child, args=(theirs, draw), name="partition-plot", daemon=True
+        )
+        self._proc.start()
+        theirs.close()
+
+    def wait(self) -> BaseException | None:
+        if self._proc is None:
+            return None
+        try:
+            kind, value = self._conn.recv()
+        except (EOFError, OSError):
+            kind, value = (
+                "error",
+                RuntimeError(
+                    f"the process drawing {self._draw.args[1]} ended without drawing it "
+                    f"(exit code {self._proc.exitcode})"
+                ),
+            )
+        self._conn.close()
+        self._proc.join()
+        self._proc = None
+        if kind == "error":
+            return value
+        with _DRAWN_LOCK:
+            _remember(self._key, value)
+        return None
+
+
+def _draw_child(conn, draw) -> None:
+    """The drawing process (`partition-plot` in `ps`; it dies with the run): draw at the lowest
+    priority, send back the PNG's bytes (or the error), leave."""
+    with contextlib.suppress(OSError, AttributeError):  # prctl(2) is Linux's
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+        prctl(PR_SET_NAME, b"partition-plot")
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        os.nice(19)
+    _let_go_of_files(keep=conn.fileno())
+    try:
+        path = draw()
+        conn.send(("ok", Path(path).read_bytes()))
+    except BaseException as err:  # noqa: BLE001 - the parent raises it from wait()
+        try:
+            conn.send(("error", err))
+        except Exception:  # noqa: BLE001 - an error that does not pickle: its text
+            conn.send(("error", RuntimeError(f"{type(err).__name__}: {err}")))
 
 
 def start_partition_stats(
@@ -245,3 +343,20 @@ def _header(num_classes: int, names: tuple[str, ...] | None) -> str:
         ["client", "group", "n_train", "n_test", "n_val", *classes]
     )
     return out.getvalue()
+
+
+def _let_go_of_files(keep: int) -> None:
+    """Point every file this fork inherited (but the standard streams and `keep`) at /dev/null:
+    the run's files stay open in the run alone, so the run-dir lock ends with the run even while
+    this process still draws. (Replaced, not closed: an inherited Python file object that
+    closes its descriptor later closes /dev/null, never a file this process opened since.)"""
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:  # no /proc: the files stay shared until the drawing ends
+        return
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in sorted(int(name) for name in names):
+        if fd > 2 and fd not in (keep, null):
+            with contextlib.suppress(OSError):
+                os.dup2(null, fd)
+    os.close(null)

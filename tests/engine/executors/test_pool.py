@@ -147,7 +147,8 @@ def children(pid: int) -> set[int]:
     found = set()
     for child in path.read_text().split() if path.exists() else ():
         try:
-            if cmdline(int(child)) == cmdline(pid):
+            # its forks are the workers and, at the start, the process drawing the partition
+            if cmdline(int(child)) == cmdline(pid) and comm(int(child)) != "partition-plot":
                 found.add(int(child))
         except FileNotFoundError:
             continue
@@ -156,6 +157,10 @@ def children(pid: int) -> set[int]:
 
 def cmdline(pid: int) -> bytes:
     return Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
+def comm(pid: int) -> str:
+    return Path(f"/proc/{pid}/comm").read_text().strip()
 
 
 def alive(pid: int) -> bool:
@@ -190,7 +195,7 @@ def wait_for(proc, run_dir: Path, rows: int, checkpoint: bool = False) -> set[in
     workers: set[int] = set()
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
-        workers |= children(proc.pid)
+        workers = children(proc.pid)  # the workers live through the run
         log = run_dir / "metrics.jsonl"
         logged = len(log.read_text().splitlines()) if log.exists() else 0
         if workers and logged >= rows and (run_dir / CHECKPOINT_FILE).exists() >= checkpoint:

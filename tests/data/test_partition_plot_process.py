@@ -1,0 +1,59 @@
+"""The partition's PNG is drawn by a forked process of its own (`PartitionStats`): at the lowest
+priority, named `partition-plot`, holding none of the run's files (the run-dir lock ends with
+the run), its PNG kept in the run's process for the next job on the same partition."""
+
+from __future__ import annotations
+
+import fcntl
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fedexp.data import partition_report
+from fedexp.data.datasets import Dataset
+from fedexp.data.federated import FederatedData
+from fedexp.data.partition import Partition
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="reads /proc")
+
+
+def two_clients() -> FederatedData:
+    x, y = torch.zeros(8, 2), torch.arange(8) % 2
+    train = [np.arange(4), np.arange(4, 8)]
+    return FederatedData(Dataset("hand", x, y, x, y, 2, (2,)), Partition(train, train), "cpu")
+
+
+def test_the_plot_is_drawn_by_a_low_priority_process_that_holds_no_lock(tmp_path, monkeypatch):
+    monkeypatch.setattr(partition_report, "_DRAWN", {})
+    real = partition_report.plot_label_distribution
+
+    def slow(*args, **kwargs):  # the drawing outlasts the checks below
+        time.sleep(1.0)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(partition_report, "plot_label_distribution", slow)
+    lock = open(tmp_path / "lock", "w")  # noqa: SIM115 - closed below, as a run closes its lock
+    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    stats = partition_report.start_partition_stats(two_clients(), tmp_path, "hand")
+    pid = stats._child._proc.pid
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{pid}/comm").read_text().strip() != "partition-plot":  # named, then niced
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    time.sleep(0.1)
+    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    assert int(stat[16]) == 19  # its nice value: field 19 of stat(5)
+    lock.close()  # the run ends: its lock with it, though the drawing goes on
+    with open(tmp_path / "lock", "w") as again:
+        fcntl.flock(again, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises BlockingIOError if held
+    assert Path(f"/proc/{pid}").exists()  # still drawing
+    (plot, kind), _ = stats.wait()
+    assert kind == "partition/label_distribution" and plot.read_bytes()[:4] == b"\x89PNG"
+    # the bytes came back: the same partition's next plot is written without drawing
+    monkeypatch.setattr(partition_report, "plot_label_distribution", None)
+    (tmp_path / "next").mkdir()
+    again = partition_report.start_partition_stats(two_clients(), tmp_path / "next", "hand")
+    assert again.wait()[0][0].read_bytes() == plot.read_bytes()
