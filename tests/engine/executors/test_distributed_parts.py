@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from components import yaml_options
-from fedexp.core.types import ClientResult, ConfigError, Weights
+from fedexp.core.types import ClientResult, ConfigError, RoundContext, Weights
 from fedexp.engine.executors.distributed import DistributedExecutor, shard, to_device
+from fedexp.engine.executors.pool import client_costs
 from fedexp.runtime.ranks import prepare_rank
 
 
@@ -17,6 +20,26 @@ def test_shard_balances_samples_largest_first():
     assert shard(sizes, 2) == [[0, 1, 2], [3, 4]]
     assert shard(sizes, 1) == [[0, 1, 2, 3, 4]]
     assert shard({7: 5}, 3) == [[7], [], []]
+
+
+def test_client_costs_count_each_clients_steps_and_its_fixed_cost():
+    # B = 4: n = 10 -> 3 steps an epoch, n = 4 -> 1, n = 1 -> 1; E = 2; + 2 each
+    client = SimpleNamespace(
+        local_epochs=2,
+        steps_per_epoch=lambda n: -(-n // 4),
+        work=lambda seed, t, cid: None,
+        budget=lambda work, n: None,
+    )
+    algorithm = SimpleNamespace(ctx=SimpleNamespace(client=client))
+    data = SimpleNamespace(num_train={5: 10, 6: 4, 7: 1}.__getitem__)
+    ctx = RoundContext(1, (5, 6, 7), 0)
+    assert client_costs(algorithm, ctx, data) == {5: 8, 6: 4, 7: 4}
+    # a drawn step budget (epochs 3, cap 5 steps): min(3 x 3, 5) + 2; drawn epochs (4, None)
+    client.work = lambda seed, t, cid: cid
+    client.budget = lambda work, n: {5: (3, 5), 6: (4, None), 7: None}[work]
+    assert client_costs(algorithm, ctx, data) == {5: 7, 6: 6, 7: 4}
+    # the shards balance the costs: 8 | 4 + 4
+    assert shard({5: 8, 6: 4, 7: 4}, 2) == [[5], [6, 7]]
 
 
 def test_to_device_rebuilds_frozen_messages():

@@ -3,12 +3,13 @@
     torchrun --nproc_per_node K -m fedexp executor=distributed [executor.inner=vectorized] ...
 
 Every rank builds the same experiment (same seed, same data, same initial state). Each round,
-every rank computes the same cohort, trains its shard of it (balanced by sample count) with the
-inner executor, and one `all_gather_object` per round hands every rank all the uploads plus the
-client-store entries its peers wrote; every rank then aggregates identically, so the server state
-stays the same everywhere without a broadcast. Per-client seeds depend on (seed, round, client)
-only, so the sharding does not change what a client computes. Rank 0 writes the outputs; the
-other ranks write into a temporary dir that is removed at exit (`prepare_rank`).
+every rank computes the same cohort, trains its shard of it (balanced by expected optimizer
+steps, `client_costs`) with the inner executor, and one `all_gather_object` per round hands
+every rank all the uploads plus the client-store entries its peers wrote; every rank then
+aggregates identically, so the server state stays the same everywhere without a broadcast.
+Per-client seeds depend on (seed, round, client) only, so the sharding does not change what a
+client computes. Rank 0 writes the outputs; the other ranks write into a temporary dir that is
+removed at exit (`prepare_rank`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch.distributed as dist
 from fedexp.core.algorithm import Algorithm
 from fedexp.core.cohort import RoundResults
 from fedexp.core.types import ConfigError, Message, RoundContext
-from fedexp.engine.executors.pool import shard
+from fedexp.engine.executors.pool import client_costs, shard
 from fedexp.engine.executors.select import executor_named
 from fedexp.runtime.ranks import world
 
@@ -96,8 +97,7 @@ class DistributedExecutor:
         data,
         stats: torch.Tensor | None = None,
     ) -> RoundResults:
-        sizes = {cid: data.num_train(cid) for cid in ctx.client_ids}
-        mine = shard(sizes, self.size)[self.rank]
+        mine = shard(client_costs(algorithm, ctx, data), self.size)[self.rank]
         results = RoundResults.empty()
         if mine:
             sub = dataclasses.replace(ctx, client_ids=tuple(mine))

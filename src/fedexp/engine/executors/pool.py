@@ -27,6 +27,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import traceback
 import weakref
 from collections.abc import Mapping
@@ -43,8 +44,30 @@ log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 
 
+# a client's fixed cost (its module's reset, the payload written in, its result built), in
+# optimizer steps of a small model: what `client_costs` adds to each client's steps
+CLIENT_OVERHEAD_STEPS = 2
+
+
+def client_costs(algorithm: Algorithm, ctx: RoundContext, data) -> dict[int, int]:
+    """Each of the round's clients' expected training time, in optimizer steps: its local epochs
+    (or the work it drew, `client.local_work`) of ceil(n / B) steps, plus `CLIENT_OVERHEAD_STEPS`.
+    The shards balance these (`shard`): balancing the samples leaves a shard of small clients,
+    whose last batches are short, slower than its share."""
+    client = algorithm.ctx.client
+    costs = {}
+    for cid in ctx.client_ids:
+        n = data.num_train(cid)
+        budget = client.budget(client.work(ctx.seed, ctx.round, cid), n)
+        epochs, cap = budget if budget is not None else (client.local_epochs, None)
+        steps = epochs * client.steps_per_epoch(n)
+        costs[cid] = (steps if cap is None else min(steps, cap)) + CLIENT_OVERHEAD_STEPS
+    return costs
+
+
 def shard(sizes: Mapping[int, int], num_shards: int) -> list[list[int]]:
-    """Clients -> shards with near-equal sample totals (largest first onto the lightest shard).
+    """Clients -> shards with near-equal totals of `sizes` (a client's samples, or its cost:
+    `client_costs`), the largest first onto the lightest shard.
 
     Deterministic: ties go to the lower client id and the lower shard. Each shard is sorted.
     """
@@ -120,49 +143,72 @@ class PoolExecutor:
             self._start(algorithm, data)
         elif self._bound != (id(algorithm), id(data)):  # another algorithm or data: here
             return self.inner.run(algorithm, payloads, ctx, data, stats)
-        sizes = {cid: data.num_train(cid) for cid in ctx.client_ids}
-        shards = shard(sizes, self.workers)
+        shards = shard(client_costs(algorithm, ctx, data), self.workers)
         store = algorithm.store
-        sent = []
-        for conn, ids in zip(self._conns, shards[1:]):
+        replies: list = []
+        for w, (conn, ids) in enumerate(zip(self._conns, shards[1:]), start=1):
             if ids:
                 entries = {cid: store.get(cid) for cid in ids}
                 sub = RoundContext(ctx.round, tuple(ids), ctx.seed, ctx.num_malicious)
                 conn.send((sub, {c: payloads[c] for c in ids}, stats, entries))
-            sent.append(bool(ids))
+                # taken off the pipe while this process trains its own shard: a worker done
+                # first hands over its results at once instead of waiting on a full pipe
+                replies.append(_Reply(w, conn))
         parts = []
         if shards[0]:
             sub = RoundContext(ctx.round, tuple(shards[0]), ctx.seed, ctx.num_malicious)
-            parts.append(self.inner.run(algorithm, payloads, sub, data, stats))
-        for w, (conn, busy) in enumerate(zip(self._conns, sent), start=1):
-            if busy:
-                results, entries = self._receive(w, conn)
-                for cid, entry in entries.items():
-                    if entry is None:
-                        store.delete(cid)
-                    else:
-                        store.put(cid, entry)
-                parts.append(results)
+            try:
+                parts.append(self.inner.run(algorithm, payloads, sub, data, stats))
+            except BaseException:
+                self.close()  # the workers stop once they have replied; the run stops here
+                raise
+        for reply in replies:
+            results, entries = self._receive(reply)
+            for cid, entry in entries.items():
+                if entry is None:
+                    store.delete(cid)
+                else:
+                    store.put(cid, entry)
+            parts.append(results)
         return RoundResults.concat(parts).take(ctx.client_ids)
 
-    def _receive(self, w: int, conn):
-        try:
-            reply = conn.recv()
-        except (EOFError, OSError):
+    def _receive(self, reply: _Reply):
+        w, message = reply.w, reply.wait()
+        if message is None:
             code = self._procs[w - 1].exitcode
             self.close()
-            raise WorkerFailed(f"executor: worker process {w} died (exit code {code})") from None
-        if reply[0] == "error":
+            raise WorkerFailed(f"executor: worker process {w} died (exit code {code})")
+        if message[0] == "error":
             self.close()
-            log.error("worker process %d:\n%s", w, reply[2])
-            raise WorkerFailed(f"executor: worker process {w} failed: {reply[1]}")
-        return reply[1], reply[2]
+            log.error("worker process %d:\n%s", w, message[2])
+            raise WorkerFailed(f"executor: worker process {w} failed: {message[1]}")
+        return message[1], message[2]
 
     def state_dict(self) -> dict:
         return {}
 
     def load_state_dict(self, state: dict) -> None:
         del state
+
+
+class _Reply:
+    """A worker's reply to this round's shard, received by a thread of its own."""
+
+    def __init__(self, w: int, conn):
+        self.w = w
+        self._message = None
+        self._thread = threading.Thread(target=self._take, args=(conn,), daemon=True)
+        self._thread.start()
+
+    def _take(self, conn) -> None:
+        with contextlib.suppress(EOFError, OSError):  # the worker died: None
+            self._message = conn.recv()
+
+    def wait(self):
+        """The worker's message: ("ok", results, entries) or ("error", text, traceback); None
+        if it died."""
+        self._thread.join()
+        return self._message
 
 
 def _stop(conns, procs) -> None:
