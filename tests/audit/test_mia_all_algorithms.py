@@ -1,7 +1,7 @@
 """privacy=mia runs to the end with every algorithm: a metric where an eavesdropper can rebuild a
 model from one upload, no metric where it cannot (FedHeNN heterogeneous with
-upload=representations: only representations travel; FedProto: only class prototypes; local,
-centralised: nothing travels)."""
+upload=representations: only representations travel; FedProto: only class prototypes; FedMD:
+only class scores; local, centralised: nothing travels)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ REPRESENTATIONS = (*HETERO, "algorithm.upload=representations")
 NO_EAVESDROPPED_MODEL = {
     ("fedhenn", REPRESENTATIONS),
     ("fedproto", ()),
+    ("fedmd", ()),
     ("local", ()),
     ("centralised", ()),
 }

@@ -83,6 +83,8 @@ ROW_WISE = {
     "ditto": [],
     "fedbn": [],
     "fedproto": [],
+    "fedmd": [],
+    "feddf": [],
     "qffl": [],
     "signsgd": [],
     "topk": [],
