@@ -30,6 +30,7 @@ from fedexp.config.pool import resolve_server_pool
 from fedexp.config.saved import add_new_keys, read_yaml
 from fedexp.core.algorithm import PersonalBatch
 from fedexp.engine.eval.all_clients import evaluate
+from fedexp.engine.eval.backdoor import backdoor_metrics
 from fedexp.engine.eval.finetuned import Finetune
 from fedexp.errors import ConfigError
 from fedexp.loggers.files import write_json_atomic
@@ -235,6 +236,9 @@ def evaluate_run(
         with torch.no_grad():
             scalars, per_client = evaluate(
                 models, None, c.data, personal_clients, cfg.seed, finetune
+            )
+            scalars.update(
+                backdoor_metrics(c.attack, models, None, c.data, personal_clients, cfg.seed)
             )
     except RuntimeError as err:  # weights that do not fit the model built for this data
         first = (str(err).strip().splitlines() or [""])[0][:160]

@@ -61,6 +61,7 @@ class NoAttack:
     fraction: float = 0.0
     realised_fraction: float = 0.0  # malicious clients / all clients, once set up
     targets: tuple[str, ...] | None = None  # capabilities; None: any upload (data poisoning)
+    test_task: bool = False  # whether `poisoned_test` gives a test-time task (a backdoor)
 
     def __init__(self, fraction: float, redraw_majority: bool):
         # `fraction` and `redraw_majority` exist so that `attack.fraction=...` composes with
@@ -105,6 +106,13 @@ class NoAttack:
     def wrap_data(self, data):
         """The data clients train on (data-poisoning attacks return a poisoned view)."""
         return data
+
+    def poisoned_test(self, x: torch.Tensor, y: torch.Tensor):
+        """The attack's test-time task on test samples (x, y), where `test_task`: (a bool mask
+        of the samples it applies to, their poisoned inputs, the labels the attacker wants for
+        them); `fedexp.engine.eval.backdoor` measures the attack's success on it at every
+        evaluation. None for attacks without one."""
+        return None
 
     def use_aside(self, train_aside: AsideTrainer) -> None:
         """Called once by the round loop, before its first round: benign training of clients

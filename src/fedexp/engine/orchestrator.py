@@ -13,6 +13,7 @@ from fedexp.core.callbacks import Callback, RoundReport, frozen
 from fedexp.core.cohort import RoundResults
 from fedexp.core.types import Diverged, RoundContext, ServerState, malicious_count
 from fedexp.engine.eval.all_clients import evaluate
+from fedexp.engine.eval.backdoor import backdoor_metrics
 from fedexp.engine.eval.finetuned import Finetune
 from fedexp.engine.executors.sequential import train_aside
 from fedexp.engine.participation import Participation
@@ -162,6 +163,17 @@ class Orchestrator:
                     self.personal_clients,
                     self.seed,
                     self.finetune(t),
+                )
+                # an attack's test-time task (a backdoor): its success rate beside the accuracy
+                scalars.update(
+                    backdoor_metrics(
+                        self.attack,
+                        self.algorithm,
+                        state,
+                        self.data,
+                        self.personal_clients,
+                        self.seed,
+                    )
                 )
                 metrics.update(scalars)
                 self.last_eval = metrics
