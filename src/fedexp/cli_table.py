@@ -21,6 +21,8 @@ TABLE_KEYS = (
     "eval/finetuned/acc_mean",
     "eval/finetuned/acc_std",
     "eval/group/gap",
+    "attack/backdoor_asr",
+    "attack/backdoor_asr_personal",
     "eval/global/loss",
     "eval/global/client_loss_mean",
     "eval/personal/loss_mean",
@@ -34,6 +36,11 @@ TABLE_KEYS = (
     "comm/down_bits_total",
 )
 
+# metrics `metric_title` leaves as their keys, in words
+TITLES = {
+    "attack/backdoor_asr": "backdoor success, global model, triggered test inputs",
+    "attack/backdoor_asr_personal": "backdoor success, personal models, mean over honest clients",
+}
 
 # overrides left out of the final table's title: the choices it names, and keys that never
 # change a result (any key under them too)
@@ -117,7 +124,7 @@ def print_table(summary: RunSummary, choices: dict, title: str | None = None, be
         if key in metrics and metrics[key] is not None:
             v = metrics[key]
             text = f"{v:.4f}" if isinstance(v, float) else f"{v:,}"
-            title = metric_title(key)
+            title = TITLES.get(key) or metric_title(key)
             table.add_row(title, text, key if title != key else "")
     objective = summary.objective
     if objective is not None and objective.value is not None:

@@ -26,7 +26,7 @@ from fedexp.report import data_differences, fmt, group_runs, group_warnings, mea
 log = logging.getLogger(__name__)
 # the columns besides the objective, when some run has them
 SHOWN = ("eval/global/acc", "eval/personal/acc_mean", "eval/finetuned/acc_mean", "eval/group/gap")
-SHOWN += ("privacy/mia_auc",)
+SHOWN += ("privacy/mia_auc", "attack/backdoor_asr", "attack/backdoor_asr_personal")
 
 
 class QuietSetup(Callback):
@@ -126,8 +126,21 @@ def objective_names(runs: list) -> set[str]:
     }
 
 
+BACKDOOR = {
+    "attack/backdoor_asr": "the global model on the pooled test set",
+    "attack/backdoor_asr_personal": "each honest client's own model on its test split, over "
+    "clients",
+}
+
+
 def population(metric: str) -> str | None:
-    """What an `eval/` metric measures, in words; None for other metrics."""
+    """What an `eval/` metric (or a backdoor's success rate) measures, in words; None for other
+    metrics."""
+    if metric in BACKDOOR:
+        return (
+            f"{BACKDOOR[metric]}: the share of its inputs outside the attack's target class "
+            "classified as the target once triggered"
+        )
     if not metric.startswith("eval/"):
         return None
     val = metric.startswith("eval/val/")

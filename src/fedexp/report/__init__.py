@@ -64,6 +64,14 @@ __all__ += ["FINAL", "GLOBAL_GROUPS", "IGNORED", "data_differences", "final_metr
 __all__ += ["final_table", "flatten", "group_warnings", "grouping_keys", "label"]
 __all__ += ["read_overrides"]
 
+BACKDOOR = {
+    "attack/backdoor_asr": "global model, pooled test set",
+    "attack/backdoor_asr_personal": "personal models, mean over honest clients",
+}
+BACKDOOR_NOTE = (
+    "The attack success rate: the share of test inputs outside the backdoor's target class "
+    "classified as the target once the trigger is on (`attack=backdoor`)."
+)
 SPREAD = (
     "Values are the mean over the completed seeds of each group ± the sample standard "
     "deviation (ddof = 1); a value without ± has no spread (one seed, or equal values)."
@@ -179,6 +187,13 @@ def _figures(groups: dict[str, list[Run]], out: Path, sharey: bool) -> list[str]
             band,
         ),
         ("Majority/minority gap", "group_gap.png", plot_vs_round, (gap, "test accuracy gap"), band),
+        (
+            "Backdoor attack success rate vs round",
+            "backdoor_asr.png",
+            plot_vs_round,
+            (BACKDOOR, "attack success rate"),
+            band + " " + BACKDOOR_NOTE,
+        ),
         ("Membership inference", "mia_acc.png", plot_mia, (), bars + " Dashed: chance."),
         ("Privacy budget: ε vs round, accuracy vs ε", "privacy.png", plot_privacy, (), eps_caption),
     ]

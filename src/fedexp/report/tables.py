@@ -19,6 +19,8 @@ FINAL = (
     "eval/personal/acc_min",
     "eval/finetuned/acc_mean",
     "eval/group/gap",
+    "attack/backdoor_asr",
+    "attack/backdoor_asr_personal",
     "eval/global/loss",
     "eval/global/client_loss_mean",
     "eval/personal/loss_mean",
