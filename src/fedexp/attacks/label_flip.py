@@ -24,6 +24,13 @@ class PoisonedData:
             y = self._data.num_classes - 1 - y
         return x, y
 
+    def train_many(self, client_ids) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """The training samples of `client_ids`, client after client, as `train` gives each (a
+        batched executor gathers its cohort through this: the real data's own would not flip)."""
+        parts = [self.train(int(c)) for c in client_ids]
+        xs, ys = [x for x, _ in parts], [y for _, y in parts]
+        return torch.cat(xs), torch.cat(ys), [len(y) for y in ys]
+
 
 class LabelFlip(Attack):
     name = "label_flip"
