@@ -155,7 +155,8 @@ def test_the_overlap_is_averaged_over_its_holders_by_hand(two_clients):
     new, metrics = algo.aggregate(state, results, ctx)
     expected = torch.ones(22)
     expected[half] = 2.0  # (1 + 3) / 2 where both hold it; client 0's alone elsewhere
-    assert torch.equal(new.params, expected) and metrics["heterofl/covered"] == 1.0
+    assert torch.equal(new.params, expected) and metrics["heterofl/updated_fraction"] == 1.0
+    assert metrics["heterofl/mean_rate"] == 0.75
     algo.weighting = "samples"  # n = 1 and 3: (1 * 1 + 3 * 3) / 4
     expected[half] = 2.5
     assert torch.equal(algo.aggregate(state, results, ctx)[0].params, expected)
@@ -165,7 +166,7 @@ def test_the_overlap_is_averaged_over_its_holders_by_hand(two_clients):
     expected = torch.full((22,), 7.0)
     expected[half] = 7.0 + (1 + 3) / 2
     assert torch.equal(new.params, expected)
-    assert metrics["heterofl/covered"] == pytest.approx(12 / 22)
+    assert metrics["heterofl/updated_fraction"] == pytest.approx(12 / 22)
 
 
 def test_the_head_rows_of_classes_a_client_lacks_are_left_out(two_clients):
@@ -258,6 +259,27 @@ def test_levels_take_their_share_of_the_clients_from_the_seed():
     assert sorted(drawn) == [i for i in range(5) for _ in range(4)]
     assert drawn == levels.assign_levels(0, 20, [1, 1, 1, 1, 1])
     assert drawn != levels.assign_levels(1, 20, [1, 1, 1, 1, 1])
+
+
+def test_dynamic_levels_are_drawn_each_round_from_the_seed(two_clients):
+    assert {levels.dynamic_level(0, t, c, [0, 1, 0]) for t in range(5) for c in range(5)} == {1}
+    drawn = [levels.dynamic_level(0, t, 0, [1, 1, 1, 1, 1]) for t in range(1, 41)]
+    assert len(set(drawn)) == 5 and drawn == [
+        levels.dynamic_level(0, t, 0, [1, 1, 1, 1, 1]) for t in range(1, 41)
+    ]
+    algo = HeteroFL(
+        make_ctx(two_clients, factory=wide_mlp), rates=[1.0, 0.5], proportions=[1, 1],
+        assignment="dynamic",
+    )  # fmt: skip
+    seen = []
+    for t in range(1, 9):
+        payloads = algo.configure_round(algo.init_state(), RoundContext(t, (0, 1), 0))
+        expected = [levels.dynamic_level(0, t, c, [1, 1]) for c in (0, 1)]
+        assert [algo.level_of(c) for c in (0, 1)] == expected  # kept in the client store
+        assert [payloads[c].level for c in (0, 1)] == expected
+        assert [algo.client_module(c) for c in (0, 1)] == [algo.level_modules[v] for v in expected]
+        seen.append(tuple(expected))
+    assert len(set(seen)) > 1
 
 
 def test_a_seeded_run_is_repeated_exactly():
@@ -360,6 +382,7 @@ def test_a_bad_option_is_one_line_before_training(monkeypatch, capsys, tmp_path)
         ("proportions", [1, 1, 1, 1, -1], "algorithm.proportions: numbers >= 0 with a positive"),
         ("proportions", [0, 0, 0, 0, 0], "algorithm.proportions: numbers >= 0 with a positive"),
         ("norm", "bn", "algorithm.norm: must be none or sbn, got 'bn'"),
+        ("assignment", "random", "algorithm.assignment: must be fixed or dynamic, got 'random'"),
         ("head_aggregation", "some", "algorithm.head_aggregation: must be held_labels or all"),
         ("aggregator", "median", "aggregator: algorithm=heterofl averages each entry over"),
     ],

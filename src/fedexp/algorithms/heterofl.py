@@ -74,6 +74,7 @@ class HeteroFL(FedAvg):
         ctx: BuildContext,
         rates: list[float] | str,
         proportions: list[float],
+        assignment: str,
         default_family: str,
         scaler: bool,
         norm: str,
@@ -82,21 +83,25 @@ class HeteroFL(FedAvg):
         **fedavg_kwargs,
     ):
         rates = rates if isinstance(rates, str) else [float(r) for r in rates]
-        levels_.check_options(rates, proportions, norm, head_aggregation)
+        levels_.check_options(rates, proportions, assignment, norm, head_aggregation)
         self.scaler, self.sbn, self.masked_loss = bool(scaler), norm == "sbn", bool(masked_loss)
-        self.head_aggregation = head_aggregation
-        num_clients = ctx.data.num_clients
+        self.head_aggregation, self.assignment = head_aggregation, assignment
+        self.num_clients = num_clients = ctx.data.num_clients
         factory, sizes = self._global_factory(ctx, rates, default_family)
         self.base_factory = factory
         self.input_shape = tuple(ctx.data.input_shape)
         with torch.random.fork_rng(devices=[]):
             self.layers, self.head = slicing.body_layers(factory(), self.input_shape)
+        # the clients' levels for the run (None: drawn each round, `assignment: dynamic`)
+        self.levels: list[int] | None = None
         if rates == "family":  # each client's FedHeNN architecture, at its parameter budget
             self.rates = [slicing.matched_rate(self.layers, self.head, n) for n in sizes]
+            self.proportions = [1.0] * len(sizes)
             self.levels = [client_arch(ctx.seed, c, len(sizes)) for c in range(num_clients)]
         else:
-            self.rates = list(rates)
-            self.levels = levels_.assign_levels(ctx.seed, num_clients, list(proportions))
+            self.rates, self.proportions = list(rates), [float(p) for p in proportions]
+            if assignment == "fixed":
+                self.levels = levels_.assign_levels(ctx.seed, num_clients, self.proportions)
         super().__init__(ctx, **fedavg_kwargs)  # the global network: build_model
         self.level_modules = [self._level_module(rate) for rate in self.rates]
         self._level_of_module = {id(m): i for i, m in enumerate(self.level_modules)}
@@ -120,7 +125,9 @@ class HeteroFL(FedAvg):
     def check_config(cls, cfg) -> None:
         """Bad options and an aggregator other than the mean, before any data is loaded."""
         node = cfg.algorithm
-        levels_.check_options(node.rates, node.proportions, node.norm, node.head_aggregation)
+        levels_.check_options(
+            node.rates, node.proportions, node.assignment, node.norm, node.head_aggregation
+        )
         levels_.check_aggregator(OmegaConf.select(cfg, "aggregator._target_"))
 
     @staticmethod
@@ -157,16 +164,21 @@ class HeteroFL(FedAvg):
         return []  # no running statistics travel: sBN's are the server's, made at evaluation
 
     def level_of(self, client_id: int) -> int | None:
-        """The client's level; an id beyond the federation: its shadow's target's, else None."""
-        if 0 <= client_id < len(self.levels):
+        """The client's level (under `assignment: dynamic` the one `configure_round` drew for
+        the round and the client keeps in the store; None before any); an id beyond the
+        federation: its shadow's target's, else None."""
+        if not 0 <= client_id < self.num_clients:
+            return self.shadow_levels.get(client_id)
+        if self.levels is not None:
             return self.levels[client_id]
-        return self.shadow_levels.get(client_id)
+        drawn = self.store.get(client_id)
+        return None if drawn is None else int(drawn)
 
     def held(self, client_id: int, module: ClientModule | None = None) -> torch.Tensor:
         """The classes the client holds a training sample of (bool [num_classes]); an id beyond
         the federation: those of the data it trains on now, else every class."""
         classes = self.head.out_features
-        if 0 <= client_id < len(self.levels):
+        if 0 <= client_id < self.num_clients:
             if client_id not in self._held:
                 labels = self.ctx.data.train(client_id)[1]
                 self._held[client_id] = levels_.held_labels(labels, classes).to(self.device)
@@ -191,7 +203,14 @@ class HeteroFL(FedAvg):
         return ServerState(params=params)
 
     def configure_round(self, state: ServerState, ctx: RoundContext) -> Mapping[int, Message]:
-        """Each client its level's sub-model (one payload object per level)."""
+        """Each client its level's sub-model (one payload object per level). Under `assignment:
+        dynamic` each client's level is drawn for the round first and kept in the client store,
+        where the client's training reads it (whichever process trains it)."""
+        if self.levels is None:
+            for cid in ctx.client_ids:
+                if 0 <= cid < self.num_clients:
+                    level = levels_.dynamic_level(self.ctx.seed, ctx.round, cid, self.proportions)
+                    self.store.put(cid, torch.tensor(level))
         made: dict[int | None, SubModel] = {}
         out = {}
         for cid in ctx.client_ids:
@@ -212,12 +231,14 @@ class HeteroFL(FedAvg):
         held = None
         if self.head_aggregation == "held_labels":
             held = torch.stack([self.held(c) for c in ids])
-        cover = levels_.coverage(
-            [self.levels[c] for c in ids], self.level_cover, held, self.head_class
-        )
+        levels = [self.level_of(c) for c in ids]
+        cover = levels_.coverage(levels, self.level_cover, held, self.head_class)
         step = levels_.overlap_mean(updates, cover, self.client_weights(results))
-        covered = float(cover.any(0).to(torch.float32).mean())
-        return self.server_step(state, step, results, ctx.round), {"heterofl/covered": covered}
+        metrics = {
+            "heterofl/updated_fraction": float(cover.any(0).to(torch.float32).mean()),
+            "heterofl/mean_rate": sum(self.rates[v] for v in levels) / len(levels),
+        }
+        return self.server_step(state, step, results, ctx.round), metrics
 
     # ---- client --------------------------------------------------------------------------------
     def client_module(self, client_id: int) -> ClientModule:
@@ -301,18 +322,21 @@ class HeteroFL(FedAvg):
 
     def prepare_shadow(self, shadow_id: int, client_id: int) -> None:
         """A shadow of client `client_id` trains its level's sub-model."""
-        self.shadow_levels[shadow_id] = self.levels[client_id]
+        self.shadow_levels[shadow_id] = self.level_of(client_id)
 
     def describe(self) -> dict[str, float]:
-        out: dict[str, float] = {"params/total": self.dim}
-        counts = torch.bincount(torch.tensor(self.levels), minlength=len(self.rates))
         sizes = [len(ix) for ix in self.index]
-        out["params/uploaded_per_client"] = float(
-            sum(int(counts[i]) * sizes[i] for i in range(len(sizes))) / max(len(self.levels), 1)
-        )
+        shares = [p / sum(self.proportions) for p in self.proportions]
+        if self.levels is not None:
+            counts = torch.bincount(torch.tensor(self.levels), minlength=len(self.rates))
+            shares = [int(c) / max(self.num_clients, 1) for c in counts]
+        out: dict[str, float] = {
+            "params/total": self.dim,
+            "params/uploaded_per_client": sum(s * n for s, n in zip(shares, sizes)),
+        }
         for i, rate in enumerate(self.rates):
             out[f"heterofl/level{i}_rate"] = rate
-            out[f"heterofl/level{i}_clients"] = int(counts[i])
+            out[f"heterofl/level{i}_share"] = shares[i]
             out[f"heterofl/level{i}_params"] = sizes[i]
         return out
 
@@ -323,11 +347,11 @@ class HeteroFL(FedAvg):
                 f"algorithm.rates: no client trains the whole global network (largest rate "
                 f"{max(self.rates)}): its units beyond keep their initial values"
             )
-        counts = torch.bincount(torch.tensor(self.levels), minlength=len(self.rates))
-        empty = [self.rates[i] for i in range(len(self.rates)) if int(counts[i]) == 0]
+        shares = self.describe()
+        empty = [r for i, r in enumerate(self.rates) if shares[f"heterofl/level{i}_share"] == 0]
         if empty:
             found.append(
                 f"algorithm.proportions: no client has rate {', '.join(map(str, empty))} "
-                f"among num_clients={len(self.levels)}"
+                f"among num_clients={self.num_clients}"
             )
         return found

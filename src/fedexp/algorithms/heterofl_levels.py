@@ -2,13 +2,19 @@
 
 Levels (the paper's "a-b-c-d-e" model complexity levels): `rates` lists the width rate of each
 level, relative to the model's widths (rate 1: the global network itself); `proportions` the
-share of the clients at each. The assignment is the reference code's "fix" mode, each client one
-level for the whole run: level i gets floor(N p_i / sum p) clients, the clients left over go one
-each to the levels with the largest remainders (lower level first on a tie; the reference code
-gives them all to the last level), and which clients get which level is a permutation drawn from
-the run's seed (`LEVEL_STREAM`), so that a level is no function of how the partition numbered
-the clients. `rates: family` takes each client's level from its architecture in a model family
-instead (`fedexp.algorithms.heterofl`).
+share of the clients at each. Two assignments, the reference code's `model_split_mode`:
+
+- `fixed` ("fix"): each client one level for the whole run. Level i gets floor(N p_i / sum p)
+  clients, the clients left over go one each to the levels with the largest remainders (lower
+  level first on a tie; the reference code gives them all to the last level), and which clients
+  get which level is a permutation drawn from the run's seed (`LEVEL_STREAM`), so that a level
+  is no function of how the partition numbered the clients;
+- `dynamic`: each round each sampled client's level is drawn anew, level i with probability
+  p_i / sum p, from (seed, round, client) (`dynamic_level`): the mode of the paper's tables of
+  level combinations.
+
+`rates: family` takes each client's level from its architecture in a model family instead
+(`fedexp.algorithms.heterofl`).
 
 Aggregation (Sec. 3.1 and the reference code's `combine`): each entry of the global network is the
 mean of the clients whose sub-model holds it, weighted by `weighting` (uniform, the reference
@@ -30,16 +36,24 @@ from fedexp.core.types import ConfigError
 
 LEVEL_STREAM = 79  # derive_seed tag of the permutation that assigns clients to levels
 NORMS = ("none", "sbn")
+ASSIGNMENTS = ("fixed", "dynamic")
 HEAD_AGGREGATIONS = ("held_labels", "all")
 MEAN = "fedexp.aggregators.mean.weighted_mean"
 
 
-def check_options(rates, proportions, norm: str, head_aggregation: str) -> None:
+def check_options(rates, proportions, assignment: str, norm: str, head_aggregation: str) -> None:
     """A ConfigError (one line, naming the key) for an option HeteroFL cannot run with."""
+    if assignment not in ASSIGNMENTS:
+        raise ConfigError(f"algorithm.assignment: must be fixed or dynamic, got {assignment!r}")
     if isinstance(rates, str):
         if rates != "family":
             raise ConfigError(
                 f"algorithm.rates: a list of rates in (0, 1] or family, got {rates!r}"
+            )
+        if assignment != "fixed":
+            raise ConfigError(
+                "algorithm.assignment: rates=family keeps each client's architecture for the "
+                "run; use assignment=fixed"
             )
     else:
         rates = list(rates)
@@ -97,6 +111,14 @@ def assign_levels(seed: int, num_clients: int, proportions: Sequence[float]) -> 
     levels = np.empty(num_clients, dtype=np.int64)
     levels[order] = labels
     return [int(v) for v in levels]
+
+
+def dynamic_level(seed: int, round_idx: int, client_id: int, proportions: Sequence[float]) -> int:
+    """The client's level in round `round_idx` under `assignment: dynamic`: level i with
+    probability p_i / sum p, on the stream of (seed, round, client)."""
+    shares = np.asarray(proportions, dtype=np.float64)
+    rng = np.random.default_rng(derive_seed(seed, LEVEL_STREAM, round_idx, client_id))
+    return int(rng.choice(len(shares), p=shares / shares.sum()))
 
 
 def held_labels(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
