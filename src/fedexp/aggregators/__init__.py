@@ -12,6 +12,18 @@ aggregator aggregates real vectors. An aggregator that accepts rankings carries
 options before training (`fedexp.engine.aggregation.check_aggregator`). The aggregators know
 nothing of client results or messages: the adapters between those and tensors live in
 `fedexp.engine.aggregation` and in the algorithms.
+
+An aggregator that needs more than the round's uploads declares it in `inputs` (a tuple of names
+from `INPUTS`) and takes them as keyword arguments; it stays a function of its arguments:
+
+- `previous`: its own output in the algorithm's previous aggregation (None before the first).
+  The algorithm keeps it in its server state (`ServerState.buffers[PREVIOUS_KEY]`), so it is
+  checkpointed and a resumed run continues exactly (centered clipping's starting point).
+- `reference`: the server's own update of the round, trained on the server pool as a client
+  trains (FLTrust's root-dataset update).
+
+The FedAvg family gives both (`FedAvg.aggregator_inputs`); an algorithm that does not give what
+an aggregator declares is refused before training (`check_aggregator`).
 """
 
 from __future__ import annotations
@@ -24,9 +36,11 @@ from typing import Any
 from fedexp.aggregators.mean import weighted_mean
 from fedexp.errors import ConfigError
 
-__all__ = ["weighted_mean", "aggregator_name", "KNOWN"]
+__all__ = ["weighted_mean", "aggregator_name", "inputs_of", "KNOWN", "INPUTS", "PREVIOUS_KEY"]
 
 KNOWN = "known"  # option value: use the round's true number of malicious clients
+INPUTS = ("previous", "reference")  # what an aggregator may declare it takes besides the uploads
+PREVIOUS_KEY = "aggregator/previous"  # the server-state buffer holding the previous output
 log = logging.getLogger(__name__)
 _warned: set[str] = set()
 
@@ -58,6 +72,11 @@ def fixed_count(option: Any, num_clients: int) -> int | None:
 def aggregator_name(aggregator: Callable) -> str:
     """The function name behind an aggregator partial (`trimmed_mean`, `rank_vote`, ...)."""
     return getattr(getattr(aggregator, "func", aggregator), "__name__", type(aggregator).__name__)
+
+
+def inputs_of(aggregator: Callable) -> tuple[str, ...]:
+    """The inputs (`INPUTS`) an aggregator, or a partial of one, declares it takes."""
+    return tuple(getattr(getattr(aggregator, "func", aggregator), "inputs", ()))
 
 
 def resolve_count(option: Any, num_malicious: int, num_clients: int, key: str) -> int:

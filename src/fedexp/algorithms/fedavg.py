@@ -22,6 +22,8 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
+from fedexp.aggregators import INPUTS
+from fedexp.algorithms.aggregation_inputs import aggregate_rows
 from fedexp.core.algorithm import Algorithm, BuildContext
 from fedexp.core.client import ClientModule
 from fedexp.core.cohort import CohortStart, CohortTraining, RoundResults, flat_rows, resident
@@ -61,6 +63,9 @@ class FedAvg(Algorithm):
     can_be_eavesdropped = True
 
     upload_type = Weights
+    # what an aggregator may ask for besides the uploads: its previous output, the server's own
+    # update (`fedexp.algorithms.aggregation_inputs`); every aggregate of this family gives them
+    aggregator_inputs = INPUTS
 
     def __init__(
         self,
@@ -171,10 +176,10 @@ class FedAvg(Algorithm):
         self, state: ServerState, results: Sequence[ClientResult], ctx: RoundContext
     ) -> tuple[ServerState, dict[str, float]]:
         updates = self.stack_uploads(results)
-        step = self.ctx.aggregator(
-            updates, self.client_weights(results), num_malicious=ctx.num_malicious
-        )
-        return self.server_step(state, step, results, ctx.round), {}
+        step, kept = aggregate_rows(self, updates, self.client_weights(results), state, ctx)
+        new = self.server_step(state, step, results, ctx.round)
+        new.buffers.update(kept)  # a copy of the caller's (`server_step`)
+        return new, {}
 
     @classmethod
     def depends_on_rounds(cls, cfg) -> list[str]:

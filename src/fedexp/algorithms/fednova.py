@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fedexp.algorithms.aggregation_inputs import aggregate_rows
 from fedexp.algorithms.fedavg import FedAvg, payload_rows
 from fedexp.core.algorithm import BuildContext
 from fedexp.core.cohort import RoundResults
@@ -72,9 +73,7 @@ class FedNova(FedAvg):
         p = weights / weights.sum()
         norms = results.upload_rows("norm").to(p.dtype)
         tau_eff = (p * norms).sum()
-        direction = self.ctx.aggregator(
-            results.upload_rows("values"), weights, num_malicious=ctx.num_malicious
-        )
-        return self.server_step(state, tau_eff * direction, results), {
-            "fednova/tau_eff": float(tau_eff)
-        }
+        direction, kept = aggregate_rows(self, results.upload_rows("values"), weights, state, ctx)
+        new = self.server_step(state, tau_eff * direction, results)
+        new.buffers.update(kept)  # a copy of the caller's (`server_step`)
+        return new, {"fednova/tau_eff": float(tau_eff)}

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 import torch
 
+from fedexp.algorithms.aggregation_inputs import aggregate_rows
 from fedexp.algorithms.fedavg import FedAvg
 from fedexp.core.algorithm import BuildContext
 from fedexp.core.types import ClientResult, ConfigError, RoundContext, ServerState
@@ -117,10 +118,8 @@ class FedOpt(FedAvg):
     def aggregate(
         self, state: ServerState, results: Sequence[ClientResult], ctx: RoundContext
     ) -> tuple[ServerState, dict[str, float]]:
-        delta = self.ctx.aggregator(
-            self.stack_uploads(results),
-            self.client_weights(results),
-            num_malicious=ctx.num_malicious,
+        delta, kept = aggregate_rows(
+            self, self.stack_uploads(results), self.client_weights(results), state, ctx
         )
         step, m, v = server_step(
             self.server_optimizer,
@@ -132,5 +131,5 @@ class FedOpt(FedAvg):
             self.beta1,
             self.beta2,
         )
-        new = ServerState(state.params + step, {**state.buffers, "m": m, "v": v})
+        new = ServerState(state.params + step, {**state.buffers, "m": m, "v": v, **kept})
         return self.with_averaged_stats(new, results), {}

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from fedexp.algorithms.aggregation_inputs import aggregate_rows
 from fedexp.algorithms.fedavg import CONSTANT_SERVER_LR, FedAvg, payload_rows
 from fedexp.core.algorithm import BuildContext
 from fedexp.core.client import ClientModule
@@ -41,14 +42,12 @@ class SignSGD(FedAvg):
     def aggregate(
         self, state: ServerState, results: Sequence[ClientResult], ctx: RoundContext
     ) -> tuple[ServerState, dict[str, float]]:
-        votes = self.ctx.aggregator(
-            self.stack_uploads(results),
-            self.client_weights(results),
-            num_malicious=ctx.num_malicious,
+        votes, kept = aggregate_rows(
+            self, self.stack_uploads(results), self.client_weights(results), state, ctx
         )
         direction = torch.sign(votes)
         metrics = {"signsgd/tied_fraction": float((direction == 0).float().mean())}
-        new = ServerState(state.params + self.server_lr * direction, state.buffers)
+        new = ServerState(state.params + self.server_lr * direction, {**state.buffers, **kept})
         return self.with_averaged_stats(new, results), metrics
 
     def end(self, module: ClientModule, payloads, params, training) -> Message:

@@ -9,11 +9,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from fedexp.aggregators import aggregator_name
+from fedexp.aggregators import aggregator_name, inputs_of
 from fedexp.core.types import RANKING, capabilities
 from fedexp.errors import ConfigError
 
 __all__ = ["check_aggregator"]
+
+# what an aggregator's declared inputs are, in words (`fedexp.aggregators.INPUTS`)
+INPUT_WORDS = {
+    "previous": "its previous output kept between rounds",
+    "reference": "the server's own update of each round",
+}
 
 
 def _options(aggregator: Callable) -> dict[str, Any]:
@@ -39,6 +45,14 @@ def check_aggregator(aggregator: Callable, algorithm: Any) -> None:
             f"aggregator: {name} aggregates FRL rankings; {algo} uploads "
             f"{getattr(upload, '__name__', 'vectors')} (use mean, trimmed_mean, median, "
             "multikrum or sign_vote)"
+        )
+    missing = [
+        i for i in inputs_of(aggregator) if i not in getattr(algorithm, "aggregator_inputs", ())
+    ]
+    if missing:  # `fedexp.aggregators.INPUTS`: the FedAvg family gives them
+        raise ConfigError(
+            f"aggregator: {name} needs {' and '.join(INPUT_WORDS[i] for i in missing)}, which "
+            f"{algo} does not give it (FedAvg and the algorithms built on it do)"
         )
     check = getattr(fn, "check", None)
     if check is not None:
