@@ -1,11 +1,12 @@
 """`partition.server_pool: auto`: the server's pool is set aside only in runs that use it.
 
 The pool (`fedexp.data.server_pool`) takes training samples out of every client's reach. A run
-whose algorithm never reads it would only lose data, so `auto` (the default) sets aside what the
-algorithm declares it needs (`server_pool_need(cfg) -> int` on its `_target_`; FedHeNN with
-`rad_source: server` asks for 2 × rad_size, so each round's RAD is a fresh draw) and nothing
-otherwise. A comparison of FedHeNN with other methods sets one explicit pool for every method
-(the FedHeNN presets do), so that all of them train on the same client data; `summary.json`'s
+whose algorithm or aggregator never reads it would only lose data, so `auto` (the default) sets aside what the
+algorithm or the aggregator declares it needs (`server_pool_need(cfg) -> int` on its `_target_`;
+FedHeNN with `rad_source: server` asks for 2 × rad_size, so each round's RAD is a fresh draw;
+FLTrust for the paper's root dataset of 100), the larger of the two, and nothing otherwise. A
+comparison of FedHeNN with other methods sets one explicit pool for every method (the FedHeNN
+presets do), so that all of them train on the same client data; `summary.json`'s
 `data_fingerprint` tells whether they did.
 """
 
@@ -23,16 +24,23 @@ AUTO = "auto"
 
 
 def pool_need(cfg: DictConfig) -> int:
-    """The pool the run's algorithm reads (0: none), as its target declares it."""
-    target = OmegaConf.select(cfg, "algorithm._target_")
+    """The pool the run's algorithm and aggregator read (0: none), as their targets declare it;
+    they share one pool."""
+    needs = [n for n in (_need(cfg, "algorithm"), _need(cfg, "aggregator")) if n is not None]
+    return max(needs) if needs else 0
+
+
+def _need(cfg: DictConfig, group: str) -> int | None:
+    """What the group's target declares it needs; None where it declares nothing."""
+    target = OmegaConf.select(cfg, f"{group}._target_")
     if not target:
-        return 0
+        return None
     try:
         obj = get_object(str(target))
     except Exception:  # an unknown target is refused, naming it, by the type checks
-        return 0
+        return None
     need = getattr(obj, "server_pool_need", None)
-    return int(need(cfg)) if need is not None else 0
+    return int(need(cfg)) if need is not None else None
 
 
 CAP = "partition.max_server_pool"  # debug=smoke: a pool tiny test datasets can spare

@@ -66,7 +66,8 @@ class Dataset:
     num_classes: int
     input_shape: tuple[int, ...]
     train_client_ids: np.ndarray | None = None
-    server_x: torch.Tensor | None = None  # unlabelled server pool (`partition.server_pool`)
+    server_x: torch.Tensor | None = None  # the server pool's inputs (`partition.server_pool`)
+    server_y: torch.Tensor | None = None  # its labels (FLTrust's root dataset; FedHeNN reads none)
     model_kwargs: dict = field(default_factory=dict)  # extra model-factory args (vocab_size...)
     # training-time augmentation of one batch, drawn from the client's generator (see augment.py)
     batch_transform: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None = None

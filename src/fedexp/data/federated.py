@@ -34,6 +34,7 @@ class FederatedData:
             self._splits["val"] = self._index(part.val)
         self._owners: dict[str, torch.Tensor] = {}
         self.server_x = ds.server_x.to(self.device) if ds.server_x is not None else None
+        self.server_y = ds.server_y.to(self.device) if ds.server_y is not None else None
         # no official test split: the pooled test set is the union of the local test splits,
         # gathered only if something asks for it as tensors (evaluation reads it in place)
         self.test_is_pooled = ds.test_x is None

@@ -2,9 +2,11 @@
 
 `partition.server_pool` (conf/partition/_split.yaml) is part of the data protocol, the same for
 every algorithm, so that all methods of a comparison see identical client data. `fedexp.run.
-build_data` moves that many random training samples into `dataset.server_x` (inputs only; the
-server holds no labels) before the partition sees the training set. FedHeNN draws its
-Representation Alignment Dataset from this pool (`algorithm.rad_source=server`).
+build_data` moves that many random training samples into `dataset.server_x` and their labels
+into `dataset.server_y` before the partition sees the training set. FedHeNN draws its
+Representation Alignment Dataset from the pool's inputs (`algorithm.rad_source=server`; it reads
+no label); FLTrust's server trains its update on inputs and labels (`aggregator=fltrust`, the
+paper's root dataset).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ def reserve_server_pool(dataset, size: int, seed: int, key: str = "partition.ser
         )
     perm = np.random.default_rng([seed, POOL_STREAM]).permutation(n)
     pool, keep = np.sort(perm[:size]), np.sort(perm[size:])
-    dataset.server_x = dataset.train_x[pool]
+    dataset.server_x, dataset.server_y = dataset.train_x[pool], dataset.train_y[pool]
     dataset.train_x, dataset.train_y = dataset.train_x[keep], dataset.train_y[keep]
     if dataset.train_client_ids is not None:
         dataset.train_client_ids = dataset.train_client_ids[keep]
