@@ -19,7 +19,8 @@ network is evaluated whole. Parts of the method, as options:
 - `head_aggregation: held_labels`: a client's head rows of those classes are left out of the
   average (the reference code's `combine`, whatever `mask`).
 
-Levels: `rates` and `proportions` (`heterofl_levels`), or `rates: family`: with a model family
+Levels: `rates` and `proportions`, each client's fixed for the run or drawn each round
+(`assignment`, `heterofl_levels`), or `rates: family`: with a model family
 (model=cnn_family, mlp_family; or `default_family` where one architecture was chosen) the global
 network is the family's largest member and each client keeps the architecture FedHeNN would
 give it (`client_arch`, the same draw), trained as the sub-model of the largest rate whose
@@ -27,8 +28,11 @@ parameters are at most that architecture's: the same client sends as many parame
 methods. With a family and a list of rates the global network is the family's largest member.
 
 Only the sub-model's entries travel, both ways (32-bit floats). Clients keep nothing between
-rounds. With every client at rate 1, `masked_loss: false` and `head_aggregation: all` (or
-clients holding every class) HeteroFL is FedAvg with the same `weighting`, bit for bit.
+rounds (but, under `assignment: dynamic`, the round's level). A level's clients train one
+resident module; on a vmapped cohort a static BatchNorm counts the real samples of a padded
+batch alone (`SubModelModule`), so every executor trains the same models. With every client
+at rate 1, `norm: none`, `masked_loss: false` and `head_aggregation: all` (or clients holding
+every class) HeteroFL is FedAvg with the same `weighting`, bit for bit.
 """
 
 from __future__ import annotations
