@@ -190,3 +190,27 @@ def test_the_cli_runs_heterogeneous_clients_on_digits(model, monkeypatch, capsys
     assert 0.0 <= summary["metrics"]["eval/personal/acc_mean"] <= 1.0
     assert summary["metrics"]["comm/down_bits_total"] == 3 * 8 * 10 * 32  # round 2: 3 clients
     assert sum(1 for k in summary["describe"] if k.endswith("_clients")) == 5
+
+
+@pytest.mark.slow
+def test_local_on_a_family_trains_fedhenns_heterogeneous_clients_at_eta0(
+    monkeypatch, capsys, tmp_path
+):
+    # the isolated-training reference of docs/heterogeneous.md: the same clients' models
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FEDEXP_CACHE_DIR", str(tmp_path / "cache"))
+    shared = ["debug=smoke", "model=mlp_family", "partition.server_pool=16", "client=fedhenn"]
+    runs = {
+        "henn": ["algorithm=fedhenn", "algorithm.variant=heterogeneous", "algorithm.eta0=0"],
+        "local": ["algorithm=local"],
+    }
+    metrics = {}
+    for name, args in runs.items():
+        run_dir = tmp_path / name
+        code, err = main_in_process(monkeypatch, capsys, *shared, *args, f"hydra.run.dir={run_dir}")
+        assert code == 0, err
+        metrics[name] = json.loads((run_dir / "summary.json").read_text())["metrics"]
+    personal = [
+        k for k in metrics["local"] if k.startswith(("eval/personal/", "eval/val/personal/"))
+    ]
+    assert personal and all(metrics["henn"][k] == metrics["local"][k] for k in personal)
