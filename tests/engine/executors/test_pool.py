@@ -6,6 +6,7 @@ these tests ask for the processes (`executor.workers=2`) or clear it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -124,6 +125,35 @@ def test_the_pool_trains_as_the_sequential_executor_bit_for_bit(compose_cfg, tmp
     assert pool_metrics == seq_metrics
     assert same(pool_state.params, seq_state.params)
     assert same(pool_store, seq_store)  # the clients' state came back from the worker
+
+
+@pytest.mark.experiment
+def test_messages_larger_than_the_pipe_go_both_ways_without_a_deadlock(compose_cfg, tmp_path):
+    # an MLP of 600 x 600 on digits: 0.4 M parameters, a 1.6 MB payload to each client and an
+    # upload as large back, both while the other side may be sending (a socket pipe holds
+    # some 200 kB); SCAFFOLD sends its control variates both ways too
+    base = (*SHORT, "algorithm=scaffold", "clients_per_round=6", "model.hidden=[600,600]")
+    seq_state, seq_metrics, _ = final_state(
+        compose_cfg(*base, "executor=sequential"), tmp_path / "s"
+    )
+    with deadline(120):  # a deadlock fails the test instead of hanging the suite
+        pool_state, pool_metrics, _ = final_state(compose_cfg(*base, *POOL), tmp_path / "pool")
+    assert pool_metrics == seq_metrics
+    assert same(pool_state.params, seq_state.params)
+
+
+@contextlib.contextmanager
+def deadline(seconds: int):
+    def expire(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.mark.experiment

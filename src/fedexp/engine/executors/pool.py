@@ -4,13 +4,17 @@ CPU with cores to spare; `fedexp.engine.executors.select` decides).
 The run's process forks W - 1 workers when its first round starts (Python's `multiprocessing`,
 fork start method): each inherits the built experiment — the algorithm, its client modules and
 the data — as the parent's own memory pages, shared copy-on-write (the data's tensors are
-never written, so they are never copied). Each round, the cohort is sharded by sample count as
-the distributed executor shards it (`shard`); the parent sends each worker its
-shard — the round's context, the shard's payloads, the broadcast statistics and the client-store
-entries of its clients — through a pipe, trains shard 0 itself, and takes back each worker's
-results and the store entries its clients left. Each client trains exactly as in the sequential
-executor (`run_client`: seeds from (seed, round, client), the same thread count), so the results
-are the sequential executor's, bit for bit.
+never written, so they are never copied). Each round, the clients are handed out one at a time,
+the largest first (by expected optimizer steps, `client_costs`), to whichever process is free:
+the parent takes the next one itself between its clients, and a thread of the parent's per
+worker answers that worker's requests through its pipe with a client's payload and store entry
+(the round's context and broadcast statistics go once). A worker asks for its next client
+before it trains the one in hand, so it never waits on the parent; once fewer clients are left
+than processes, it asks only when free. Each client's results and the store entry it left come
+back as soon as it is trained. So a process that runs slower (a busy or throttled core) takes
+fewer clients, where fixed shards made the round wait for the slowest. Each client trains
+exactly as in the sequential executor (`run_client`: seeds from (seed, round, client), the same
+thread count), so the results are the sequential executor's, bit for bit, whoever trains them.
 
 Only the parent runs the round loop: sampling, aggregation, evaluation, checkpoints, signals,
 loggers and the run-dir lock stay where they are. Workers ignore SIGINT and SIGTERM (the parent
@@ -39,9 +43,13 @@ from fedexp.core.client_store import ClientStore
 from fedexp.core.cohort import RoundResults
 from fedexp.core.types import Message, RoundContext
 from fedexp.engine.executors.sequential import SequentialExecutor
+from fedexp.engine.executors.wire import receive, send
 
 log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
+# the answer to a worker that asks for its next client while it trains one, once fewer clients
+# are left than processes: ask again when free (the last clients go one to a process)
+LATER = "later"
 
 
 # a client's fixed cost (its module's reset, the payload written in, its result built), in
@@ -85,7 +93,7 @@ class WorkerFailed(RuntimeError):
 
 
 class PoolExecutor:
-    """The sequential executor's training, the cohort sharded over `workers` processes (this one
+    """The sequential executor's training, the cohort spread over `workers` processes (this one
     and `workers` - 1 forked ones); `threads`: torch's threads in each."""
 
     def __init__(self, workers: int, threads: int = 1):
@@ -136,44 +144,41 @@ class PoolExecutor:
         data,
         stats: torch.Tensor | None = None,
     ) -> RoundResults:
-        """The round's clients, sharded over the processes; the results in `ctx`'s order."""
+        """The round's clients, handed out over the processes; the results in `ctx`'s order."""
         if self.workers < 2 or len(ctx.client_ids) < 2:
             return self.inner.run(algorithm, payloads, ctx, data, stats)
         if self._bound is None:
             self._start(algorithm, data)
         elif self._bound != (id(algorithm), id(data)):  # another algorithm or data: here
             return self.inner.run(algorithm, payloads, ctx, data, stats)
-        shards = shard(client_costs(algorithm, ctx, data), self.workers)
+        costs = client_costs(algorithm, ctx, data)
+        queue = _Queue(sorted(ctx.client_ids, key=lambda c: (-costs[c], c)))
         store = algorithm.store
-        replies: list = []
-        for w, (conn, ids) in enumerate(zip(self._conns, shards[1:]), start=1):
-            if ids:
-                entries = {cid: store.get(cid) for cid in ids}
-                sub = RoundContext(ctx.round, tuple(ids), ctx.seed, ctx.num_malicious)
-                conn.send((sub, {c: payloads[c] for c in ids}, stats, entries))
-                # taken off the pipe while this process trains its own shard: a worker done
-                # first hands over its results at once instead of waiting on a full pipe
-                replies.append(_Reply(w, conn))
+        entries = {cid: store.get(cid) for cid in ctx.client_ids}  # read here, not in threads
+        dispatchers = [
+            _Dispatcher(w, self.workers, conn, queue, ctx, payloads, stats, entries)
+            for w, conn in enumerate(self._conns, start=1)
+        ]
         parts = []
-        if shards[0]:
-            sub = RoundContext(ctx.round, tuple(shards[0]), ctx.seed, ctx.num_malicious)
-            try:
+        try:
+            while (cid := queue.pop()) is not None:
+                sub = RoundContext(ctx.round, (cid,), ctx.seed, ctx.num_malicious)
                 parts.append(self.inner.run(algorithm, payloads, sub, data, stats))
-            except BaseException:
-                self.close()  # the workers stop once they have replied; the run stops here
-                raise
-        for reply in replies:
-            results, entries = self._receive(reply)
-            for cid, entry in entries.items():
+        except BaseException:
+            self.close()  # the workers stop once they have replied; the run stops here
+            raise
+        for dispatcher in dispatchers:
+            results, left = self._receive(dispatcher)
+            for cid, entry in left.items():
                 if entry is None:
                     store.delete(cid)
                 else:
                     store.put(cid, entry)
-            parts.append(results)
+            parts.extend(results)
         return RoundResults.concat(parts).take(ctx.client_ids)
 
-    def _receive(self, reply: _Reply):
-        w, message = reply.w, reply.wait()
+    def _receive(self, dispatcher: _Dispatcher):
+        w, message = dispatcher.w, dispatcher.wait()
         if message is None:
             code = self._procs[w - 1].exitcode
             self.close()
@@ -191,33 +196,81 @@ class PoolExecutor:
         del state
 
 
-class _Reply:
-    """A worker's reply to this round's shard, received by a thread of its own."""
+class _Queue:
+    """The round's clients not yet handed out, largest first; taken one at a time by this
+    process's loop and by the dispatchers' threads."""
 
-    def __init__(self, w: int, conn):
+    def __init__(self, order: list[int]):
+        self._order = order
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def left(self) -> int:
+        with self._lock:
+            return len(self._order) - self._next
+
+    def pop(self) -> int | None:
+        with self._lock:
+            if self._next == len(self._order):
+                return None
+            self._next += 1
+            return self._order[self._next - 1]
+
+
+class _Dispatcher:
+    """A thread that serves one worker through the round: the round's context, then a client
+    from the queue at each of the worker's requests (its payload and store entry), then the
+    worker's results."""
+
+    def __init__(
+        self,
+        w: int,
+        processes: int,
+        conn,
+        queue: _Queue,
+        ctx: RoundContext,
+        payloads,
+        stats,
+        entries,
+    ):
         self.w = w
+        self._processes = processes
         self._message = None
-        self._thread = threading.Thread(target=self._take, args=(conn,), daemon=True)
+        args = (conn, queue, ctx, payloads, stats, entries)
+        self._thread = threading.Thread(target=self._serve, args=args, daemon=True)
         self._thread.start()
 
-    def _take(self, conn) -> None:
+    def _serve(self, conn, queue, ctx, payloads, stats, entries) -> None:
+        parts, left = [], {}
         with contextlib.suppress(EOFError, OSError):  # the worker died: None
-            self._message = conn.recv()
+            send(conn, (ctx.round, ctx.seed, ctx.num_malicious, stats))
+            while (message := receive(conn))[0] in ("next", "trained"):
+                if message[0] == "trained":  # a client's results, as soon as it is done
+                    _, cid, results, left[cid] = message
+                    parts.append(results)
+                elif message[1] and queue.left() < self._processes:  # the last few: one each
+                    send(conn, LATER)
+                else:
+                    cid = queue.pop()
+                    send(conn, None if cid is None else (cid, payloads[cid], entries[cid]))
+            self._message = ("ok", parts, left) if message[0] == "end" else message
 
     def wait(self):
-        """The worker's message: ("ok", results, entries) or ("error", text, traceback); None
-        if it died."""
+        """("ok", the worker's clients' results, the store entries they left), or ("error",
+        text, traceback); None if the worker died."""
         self._thread.join()
         return self._message
 
 
 def _stop(conns, procs) -> None:
+    """Tell each worker to stop, without waiting on a pipe it does not read (a worker stuck in
+    a send, its pipe full); a worker still there 5 s later is killed."""
     for conn in conns:
-        try:
-            conn.send(None)
+        with contextlib.suppress(OSError, ValueError):
+            os.set_blocking(conn.fileno(), False)
+            send(conn, None)
+        with contextlib.suppress(OSError, ValueError):
             conn.close()
-        except (OSError, ValueError):
-            pass
     for proc in procs:
         proc.join(timeout=5)
         if proc.is_alive():
@@ -248,20 +301,44 @@ def _serve(conn, parent_end, algorithm: Algorithm, data, threads: int, parent: i
     try:
         while True:
             try:
-                task = conn.recv()
+                task = receive(conn)
             except (EOFError, OSError):
                 break
             if task is None:
                 break
-            ctx, payloads, stats, entries = task
-            algorithm.store.load_state_dict({c: e for c, e in entries.items() if e is not None})
             try:
-                results = executor.run(algorithm, payloads, ctx, data, stats)
-                left = {c: algorithm.store.get(c) for c in ctx.client_ids}
-                conn.send(("ok", results, left))
-            except Exception as err:  # noqa: BLE001 - the parent raises it
-                conn.send(("error", f"{type(err).__name__}: {err}", traceback.format_exc()))
+                _train_handed_out(conn, algorithm, executor, data, task)
+            except Exception as err:  # noqa: BLE001 - the parent raises it and stops the pool
+                send(conn, ("error", f"{type(err).__name__}: {err}", traceback.format_exc()))
+                break
     except BaseException:  # noqa: BLE001 - a worker never runs the parent's handlers
         code = 1
     finally:
         os._exit(code)
+
+
+def _train_handed_out(conn, algorithm: Algorithm, executor, data, task) -> None:
+    """A worker's round: the clients the parent hands out, one at a time (the next asked for
+    before this one trains, so none waits on the parent's thread), each one's results and the
+    store entry it left sent back as soon as it is trained."""
+    round_idx, seed, num_malicious, stats = task
+    store = algorithm.store = ClientStore()  # this round's entries only, in memory
+    send(conn, ("next", False))
+    handed = receive(conn)
+    while handed is not None:
+        if handed == LATER:  # asked while busy, with few clients left: ask again now
+            send(conn, ("next", False))
+            handed = receive(conn)
+            continue
+        cid, payload, entry = handed
+        send(conn, ("next", True))
+        if entry is not None:
+            store.put(cid, entry)
+        ctx = RoundContext(round_idx, (cid,), seed, num_malicious)
+        results = executor.run(algorithm, {cid: payload}, ctx, data, stats)
+        # the answer is taken off the pipe before the results go into it: the parent's thread
+        # never sends to a worker that is sending (a deadlock once both outgrow the pipe)
+        handed = receive(conn)
+        send(conn, ("trained", cid, results, store.get(cid)))
+        store.delete(cid)
+    send(conn, ("end",))
