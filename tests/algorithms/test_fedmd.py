@@ -11,6 +11,7 @@ from functools import partial
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import nn
 
@@ -20,6 +21,7 @@ from fedexp.algorithms import fedmd
 from fedexp.algorithms.fedmd import ClassScores, Consensus, FedMD
 from fedexp.algorithms.local import Local
 from fedexp.core.cohort import RoundResults
+from fedexp.core.flat import flat_params
 from fedexp.core.types import ClientResult, ConfigError, RoundContext
 from fedexp.data.datasets import Dataset
 from fedexp.data.federated import FederatedData
@@ -43,6 +45,7 @@ def pool_world(
     cut = int(0.8 * per_client)
     dataset = Dataset("pool", x, y, x[:8], y[:8], classes, (dim,))
     dataset.server_x = torch.randn(pool, dim, generator=g)
+    dataset.server_y = (dataset.server_x[:, 0] > 0).long()  # read only by pretrain_epochs
     partition = Partition([p[:cut] for p in parts], [p[cut:] for p in parts])
     return FederatedData(dataset, partition, torch.device("cpu"))
 
@@ -147,6 +150,31 @@ def test_digesting_changes_the_models_and_the_run_is_seeded():
     assert len({a for a in map(runs[0].arch_of, range(4))}) > 1  # several architectures
 
 
+@torch.no_grad()
+def pool_loss(algo, row) -> float:
+    model = algo.model_of(0, row)
+    return float(F.cross_entropy(model(algo.ctx.data.server_x), algo.ctx.data.server_y))
+
+
+def test_pretraining_trains_each_initial_model_on_the_labelled_pool_once():
+    data = pool_world()
+    plain = FedMD(make_ctx(data, factory=SMALL))
+    algo = FedMD(make_ctx(data, factory=SMALL), pretrain_epochs=20)
+    plain.init_state(), algo.init_state()
+    row = algo.initial_row(0)
+    assert pool_loss(algo, row) < pool_loss(plain, plain.initial_row(0))
+    assert torch.equal(algo.initial_row(3), row)  # one architecture: one initial model for all
+    module = begin_one(algo, 1, Consensus(None, 1))  # a client's first round starts from it
+    assert torch.equal(flat_params(list(module.model.parameters())), row)
+    assert "server pool's labels" in algo.run_warnings(3)[0]
+    family = FedMD(make_ctx(data, factory=FAMILY), pretrain_epochs=1)
+    family.init_state()
+    assert family.initial_row(0) is family.initial_row(0)  # computed once, each client its own
+    data.server_y = None
+    with pytest.raises(ConfigError, match="algorithm.pretrain_epochs: the server pool holds no"):
+        FedMD(make_ctx(data, factory=SMALL), pretrain_epochs=1)
+
+
 def test_the_ledger_by_hand():
     # public_size 4, 3 classes: 4 * 3 floats of 32 bits each way; nothing down in round 1
     algo = FedMD(make_ctx(pool_world(), factory=SMALL))
@@ -168,6 +196,7 @@ def test_bad_options_and_a_missing_pool_are_config_errors():
         ("digest_lr", 0.0),
         ("digest_loss", "kl"),
         ("public_size", 0),
+        ("pretrain_epochs", -1),
     ]:
         with pytest.raises(ConfigError, match=f"algorithm.{key}"):
             FedMD(make_ctx(pool_world(), factory=SMALL), **{key: value})

@@ -8,7 +8,7 @@ distillation algorithms use it as public, unlabelled data, as FedHeNN draws its 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import torch
@@ -86,19 +86,20 @@ def shuffled_batches(n: int, batch_size: int, generator: torch.Generator) -> Ite
         yield from order.split(batch_size)
 
 
-def fit_logits(
+def fit_targets(
     model: nn.Module,
     x: torch.Tensor,
     targets: torch.Tensor,
     epochs: int,
     batch_size: int,
     lr: float,
-    loss: str,
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     generator: torch.Generator,
 ) -> float:
     """Train `model` (in train mode) for `epochs` passes over (x, targets) in shuffled batches
-    with a fresh Adam at `lr`, its logits towards the targets under `loss` (`logit_loss`);
-    returns the mean loss of the steps (0 without steps)."""
+    with a fresh Adam at `lr`, minimising `loss(logits, targets)` (`logit_loss` towards target
+    logits, cross-entropy towards labels); returns the mean loss of the steps (0 without
+    steps)."""
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     model.train()
     total, steps = 0.0, 0
@@ -106,7 +107,7 @@ def fit_logits(
         for _ in range(epochs):
             order = torch.randperm(len(x), generator=generator).to(x.device)
             for idx in order.split(batch_size):
-                value = logit_loss(loss, model(x[idx]), targets[idx])
+                value = loss(model(x[idx]), targets[idx])
                 optimizer.zero_grad(set_to_none=True)
                 value.backward()
                 optimizer.step()

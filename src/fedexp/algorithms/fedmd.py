@@ -28,23 +28,31 @@ client its own from a model family, `model=cnn_family`, `mlp_family`; `default_f
 one for a single-architecture model), kept in the client store; evaluation is personal. With
 `digest_epochs: 0` nothing received changes a model: isolated local training (algorithm=local)
 exactly. Both ways only scores travel: public_size x classes floats up per client, the same
-down (the consensus; none in round 1). The paper's transfer learning on labelled public data is
-not done: the pool is public, unlabelled data here for every method of a comparison
-(docs/heterogeneous.md).
+down (the consensus; none in round 1).
+
+The paper's transfer learning (each party first trains on the labelled public data) is
+`pretrain_epochs` passes of each initial model over the pool's inputs and labels (cross-entropy,
+Adam at `digest_lr`, batches of `digest_batch_size`), 0 by default: the pool is public,
+unlabelled data for every method of a comparison here, and its labels would give FedMD
+labelled data that no other method sees (the paper's public data is another task's: MNIST for
+FEMNIST letters). Its other half, training on the private data, is round 1's revisit.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
+import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from fedexp.algorithms.distillation import (
     LOGIT_LOSSES,
     check_pool,
-    fit_logits,
+    fit_targets,
+    logit_loss,
     logits_of,
     pool_size,
     with_family,
@@ -60,6 +68,7 @@ from fedexp.models.running_stats import load_model_state, model_state, state_row
 
 PUBLIC_STREAM = 71  # derive_seed tag of round t's public subset P_t
 DIGEST_STREAM = 73  # a client's digest shuffle in a round
+PRETRAIN_STREAM = 77  # an initial model's pretraining on the labelled pool
 
 
 @dataclass(frozen=True)
@@ -119,6 +128,7 @@ class FedMD(Local):
         digest_batch_size: int,
         digest_lr: float,
         digest_loss: str,
+        pretrain_epochs: int,
         default_family: str | None,
     ):
         super().__init__(with_family(ctx, default_family))
@@ -126,6 +136,7 @@ class FedMD(Local):
             ("public_size", public_size, 1),
             ("digest_epochs", digest_epochs, 0),
             ("digest_batch_size", digest_batch_size, 1),
+            ("pretrain_epochs", pretrain_epochs, 0),
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"algorithm.{key}: must be an int >= {low}, got {value!r}")
@@ -141,6 +152,13 @@ class FedMD(Local):
         self.digest_batch_size = digest_batch_size
         self.digest_lr = float(digest_lr)
         self.digest_loss = digest_loss
+        self.pretrain_epochs = pretrain_epochs
+        if pretrain_epochs and getattr(self.ctx.data, "server_y", None) is None:
+            raise ConfigError(
+                "algorithm.pretrain_epochs: the server pool holds no labels to pretrain on; "
+                "set algorithm.pretrain_epochs=0"
+            )
+        self._pretrained: dict[int, torch.Tensor] = {}  # rebuilt from the seed when needed
         # the models a client digests in: apart from the resident modules, which `begin` leaves
         self.scratch = [self.build(a).to(self.device) for a in range(len(self.modules))]
         self._public: dict[int, torch.Tensor] = {}
@@ -159,6 +177,43 @@ class FedMD(Local):
             for old in sorted(self._public)[:-3]:
                 del self._public[old]
         return self._public[round_idx]
+
+    # ---- the initial models, pretrained where asked ------------------------------------------
+    def initial_row(self, client_id: int) -> torch.Tensor:
+        """The client's initial model; with `pretrain_epochs`, trained first on the labelled
+        pool (the paper's transfer learning), once per initial model: one for every client of
+        a single architecture, each client's own with a family."""
+        row = super().initial_row(client_id)
+        if not self.pretrain_epochs:
+            return row
+        key = client_id if self.num_archs else 0
+        if key not in self._pretrained:
+            model = self.scratch[self.arch_of(client_id)]
+            load_model_state(model, row)
+            keys = (self.ctx.seed, PRETRAIN_STREAM, key)
+            with torch.random.fork_rng(devices=rng_devices(self.device)):
+                torch.manual_seed(derive_seed(*keys, 1))
+                data = self.ctx.data
+                fit_targets(
+                    model,
+                    data.server_x,
+                    data.server_y,
+                    self.pretrain_epochs,
+                    self.digest_batch_size,
+                    self.digest_lr,
+                    F.cross_entropy,
+                    torch.Generator().manual_seed(derive_seed(*keys)),
+                )
+            self._pretrained[key] = model_state(model).to(row.dtype)
+        return self._pretrained[key]
+
+    def client_rows(self, client_ids) -> torch.Tensor:
+        if not self.pretrain_epochs:
+            return super().client_rows(client_ids)
+        rows = [self.store.get(c) for c in client_ids]
+        return torch.stack(
+            [self.initial_row(c) if r is None else r for r, c in zip(rows, client_ids)]
+        )
 
     # ---- server --------------------------------------------------------------------------------
     def configure_round(self, state: ServerState, ctx: RoundContext) -> Mapping[int, Message]:
@@ -209,14 +264,14 @@ class FedMD(Local):
         generator = torch.Generator().manual_seed(derive_seed(*keys))
         with torch.random.fork_rng(devices=rng_devices(self.device)):
             torch.manual_seed(derive_seed(*keys, 1))
-            fit_logits(
+            fit_targets(
                 model,
                 self.public(payload.round_idx),
                 payload.scores,
                 self.digest_epochs,
                 self.digest_batch_size,
                 self.digest_lr,
-                self.digest_loss,
+                partial(logit_loss, self.digest_loss),
                 generator,
             )
         return model_state(model).to(row.dtype)
@@ -246,11 +301,17 @@ class FedMD(Local):
         return out
 
     def run_warnings(self, rounds: int) -> list[str]:
+        out = []
+        if self.pretrain_epochs:
+            out.append(
+                f"algorithm.pretrain_epochs={self.pretrain_epochs}: FedMD's initial models train "
+                "on the server pool's labels, which no other method of a comparison reads"
+            )
         if self.digest_epochs == 0:
-            return [
+            out.append(
                 "algorithm.digest_epochs=0: no client digests the consensus, so FedMD is "
                 "isolated local training (algorithm=local)"
-            ]
-        if rounds == 1:
-            return ["rounds=1: round 1 has no consensus, so no client digests one"]
-        return []
+            )
+        elif rounds == 1:
+            out.append("rounds=1: round 1 has no consensus, so no client digests one")
+        return out
