@@ -250,3 +250,24 @@ def test_the_cli_runs_heterogeneous_clients_on_digits(model, monkeypatch, capsys
     assert 0.0 <= summary["metrics"]["eval/personal/acc_mean"] <= 1.0
     assert "eval/global/acc" not in summary["metrics"]
     assert summary["metrics"]["feddf/steps"] == 10  # debug=smoke's distill_steps
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["mlp", "mlp_bn"])
+def test_without_distillation_the_cli_run_is_fedavgs(model, monkeypatch, capsys, tmp_path):
+    # the whole pipeline, config to summary, on the same clients' data (one pool for both);
+    # with BatchNorm the running statistics travel and are averaged as FedAvg's
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FEDEXP_CACHE_DIR", str(tmp_path / "cache"))
+    shared = ["debug=smoke", f"model={model}", "partition.server_pool=16"]
+    metrics = {}
+    for name in ("fedavg", "feddf"):
+        extra = ["algorithm.distill_steps=0"] if name == "feddf" else []
+        run_dir = tmp_path / name
+        code, err = main_in_process(
+            monkeypatch, capsys, *shared, f"algorithm={name}", *extra, f"hydra.run.dir={run_dir}"
+        )
+        assert code == 0, err
+        metrics[name] = json.loads((run_dir / "summary.json").read_text())["metrics"]
+    keys = [k for k in metrics["fedavg"] if k.startswith(("eval/", "comm/", "train/"))]
+    assert keys and all(metrics["feddf"][k] == metrics["fedavg"][k] for k in keys)
