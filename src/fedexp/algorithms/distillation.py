@@ -22,16 +22,18 @@ POOL_KEY = "partition.server_pool"
 LOGIT_LOSSES = ("l1", "mse")
 
 
-def check_pool(pool: int, need: int, what: str) -> None:
+def check_pool(pool: int, need: int, what: str, lower: str | None = None) -> None:
     """A one-line ConfigError unless the server pool holds `need` inputs; `what` says what the
     algorithm draws from it (e.g. "FedMD draws each round's public subset
-    (algorithm.public_size=5000)")."""
+    (algorithm.public_size=5000)"), `lower` the option that asks for them, if one does."""
+    fix = f"raise {POOL_KEY}" + (f" or lower {lower}" if lower else "")
     if pool == 0:
+        size = f">= {need}" if lower else "(e.g. 200 on digits; FedHeNN's presets set 10000)"
         raise ConfigError(
-            f"{POOL_KEY}: 0, but {what} from the server's pool; set {POOL_KEY} >= {need}"
+            f"{POOL_KEY}: 0, but {what} from the server's pool; set {POOL_KEY} {size}"
         )
     if pool < need:
-        raise ConfigError(f"{POOL_KEY}: {pool} < {need}, but {what} from it; raise {POOL_KEY}")
+        raise ConfigError(f"{POOL_KEY}: {pool} < {need}, but {what} from it; {fix}")
 
 
 def pool_size(data) -> int:

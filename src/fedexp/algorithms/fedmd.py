@@ -69,6 +69,7 @@ from fedexp.models.running_stats import load_model_state, model_state, state_row
 PUBLIC_STREAM = 71  # derive_seed tag of round t's public subset P_t
 DIGEST_STREAM = 73  # a client's digest shuffle in a round
 PRETRAIN_STREAM = 77  # an initial model's pretraining on the labelled pool
+LOWER = "algorithm.public_size"
 
 
 @dataclass(frozen=True)
@@ -101,9 +102,8 @@ def _check_config(cfg) -> None:
     """The server pool holds a public subset (before any data is loaded)."""
     size = OmegaConf.select(cfg, "algorithm.public_size")
     if isinstance(size, int) and not isinstance(size, bool) and size >= 1:
-        check_pool(
-            int(OmegaConf.select(cfg, "partition.server_pool", default=0)), size, _what(size)
-        )
+        pool = int(OmegaConf.select(cfg, "partition.server_pool", default=0))
+        check_pool(pool, size, _what(size), LOWER)
 
 
 def _pool_need(cfg) -> int:
@@ -146,7 +146,7 @@ class FedMD(Local):
             raise ConfigError(
                 f"algorithm.digest_loss: must be one of {LOGIT_LOSSES}, got {digest_loss!r}"
             )
-        check_pool(pool_size(self.ctx.data), public_size, _what(public_size))
+        check_pool(pool_size(self.ctx.data), public_size, _what(public_size), LOWER)
         self.public_size = public_size
         self.digest_epochs = digest_epochs
         self.digest_batch_size = digest_batch_size
