@@ -91,6 +91,10 @@ class FedDF(Algorithm):
 
     can_be_eavesdropped = True
     upload_type = Weights
+    # what a FedDF can have; an instance keeps the one its architectures give (one group: the
+    # global model; several: each client's group model as its personal model)
+    has_global_model = True
+    has_personal_models = True
 
     check_config = staticmethod(_check_config)
 
