@@ -1,6 +1,7 @@
 """The partition's PNG is drawn by a forked process of its own (`PartitionStats`): at the lowest
 priority, named `partition-plot`, holding none of the run's files (the run-dir lock ends with
-the run), its PNG kept in the run's process for the next job on the same partition."""
+the run); its PNG kept in the run's process for the next job on the same partition; and a run
+that ends while it still draws (a starved lowest-priority process) draws the plot itself."""
 
 from __future__ import annotations
 
@@ -26,19 +27,25 @@ def two_clients() -> FederatedData:
     return FederatedData(Dataset("hand", x, y, x, y, 2, (2,)), Partition(train, train), "cpu")
 
 
-def test_the_plot_is_drawn_by_a_low_priority_process_that_holds_no_lock(tmp_path, monkeypatch):
-    monkeypatch.setattr(partition_report, "_DRAWN", {})
+def slowed(monkeypatch, seconds: float) -> None:
+    """The plot drawn after `seconds` (in the process forked after this)."""
     real = partition_report.plot_label_distribution
 
-    def slow(*args, **kwargs):  # the drawing outlasts the checks below
-        time.sleep(1.0)
+    def slow(*args, **kwargs):
+        time.sleep(seconds)
         return real(*args, **kwargs)
 
+    monkeypatch.setattr(partition_report, "_DRAWN", {})
     monkeypatch.setattr(partition_report, "plot_label_distribution", slow)
+
+
+def test_the_plot_is_drawn_by_a_low_priority_process_that_holds_no_lock(tmp_path, monkeypatch):
+    slowed(monkeypatch, 1.0)
     lock = open(tmp_path / "lock", "w")  # noqa: SIM115 - closed below, as a run closes its lock
     fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     stats = partition_report.start_partition_stats(two_clients(), tmp_path, "hand")
-    pid = stats._child._proc.pid
+    child = stats._child
+    pid = child._proc.pid
     deadline = time.monotonic() + 5
     while Path(f"/proc/{pid}/comm").read_text().strip() != "partition-plot":  # named, then niced
         assert time.monotonic() < deadline
@@ -50,10 +57,23 @@ def test_the_plot_is_drawn_by_a_low_priority_process_that_holds_no_lock(tmp_path
     with open(tmp_path / "lock", "w") as again:
         fcntl.flock(again, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises BlockingIOError if held
     assert Path(f"/proc/{pid}").exists()  # still drawing
+    assert child._conn.poll(60)  # it has drawn: its bytes are taken, nothing drawn here
+    monkeypatch.setattr(partition_report, "plot_label_distribution", None)
     (plot, kind), _ = stats.wait()
     assert kind == "partition/label_distribution" and plot.read_bytes()[:4] == b"\x89PNG"
     # the bytes came back: the same partition's next plot is written without drawing
-    monkeypatch.setattr(partition_report, "plot_label_distribution", None)
     (tmp_path / "next").mkdir()
     again = partition_report.start_partition_stats(two_clients(), tmp_path / "next", "hand")
     assert again.wait()[0][0].read_bytes() == plot.read_bytes()
+
+
+def test_a_run_that_ends_before_the_drawing_does_draws_the_plot_itself(tmp_path, monkeypatch):
+    real = partition_report.plot_label_distribution
+    slowed(monkeypatch, 120.0)  # the forked process would take two minutes
+    stats = partition_report.start_partition_stats(two_clients(), tmp_path, "hand")
+    pid = stats._child._proc.pid
+    monkeypatch.setattr(partition_report, "plot_label_distribution", real)  # this process's
+    start = time.monotonic()
+    (plot, _), _ = stats.wait()
+    assert time.monotonic() - start < 60 and plot.read_bytes()[:4] == b"\x89PNG"
+    assert not Path(f"/proc/{pid}").exists()  # stopped, and reaped

@@ -198,9 +198,10 @@ class PartitionStats:
     process of its own when `background` (matplotlib's import and the drawing take a second or
     two of CPU). That process runs at the lowest priority, so the rounds lose no core to it: on a
     machine with a core idle it draws there at once; on one whose cores the run fills (the pool
-    executor's workers) it takes what they leave and finishes by the run's end, where `wait()`
-    waits for it. (A thread drawing it held the interpreter's lock through the first round,
-    which it made seconds slower.) Where processes cannot be forked it draws in a thread.
+    executor's workers, a parallel sweep) it takes what they leave, and `wait()` (at the run's
+    end, or where a logger needs the files) draws it in this process if it has not finished.
+    (A thread drawing it held the interpreter's lock through the first round, which it made
+    seconds slower.) Where processes cannot be forked it draws in a thread.
     `wait()` returns (path, kind) of both, the plot first, once the PNG is written, and raises
     what drawing it raised."""
 
@@ -261,21 +262,33 @@ class _DrawingProcess:
         theirs.close()
 
     def wait(self) -> BaseException | None:
+        """The child's PNG if it has drawn it; if it is still drawing (a machine whose cores the
+        run and others keep busy leaves a lowest-priority process next to no time), it is
+        stopped and the plot drawn here, now: a run's end never waits on a starved process."""
         if self._proc is None:
             return None
+        proc, conn, self._proc = self._proc, self._conn, None
+        if not conn.poll(0) and proc.is_alive():
+            proc.kill()
+            proc.join()
+            conn.close()
+            try:
+                self._draw()
+            except BaseException as err:  # noqa: BLE001 - raised by PartitionStats.wait
+                return err
+            return None
         try:
-            kind, value = self._conn.recv()
+            kind, value = conn.recv()
         except (EOFError, OSError):
             kind, value = (
                 "error",
                 RuntimeError(
                     f"the process drawing {self._draw.args[1]} ended without drawing it "
-                    f"(exit code {self._proc.exitcode})"
+                    f"(exit code {proc.exitcode})"
                 ),
             )
-        self._conn.close()
-        self._proc.join()
-        self._proc = None
+        conn.close()
+        proc.join()
         if kind == "error":
             return value
         with _DRAWN_LOCK:
