@@ -4,7 +4,9 @@
 std over seeds; the groups are the config values that differ, as in `python -m fedexp.report`),
 the data each column measures, the command that uploads the jobs' offline W&B runs (when there
 are some), and write the report into `<sweep dir>/report/`. Turn it off with
-`~hydra.callbacks.sweep_summary`.
+`~hydra.callbacks.sweep_summary`. With `grid: aggregator,attack` (and `baseline: attack=none`)
+it also prints the runs as one table of the two keys (`fedexp.report.grid`), and puts it in the
+report.
 
 `QuietSetup` (`quiet_setup`): keeps the set-up chatter of the libraries an Optuna sweeper loads
 (alembic's plugin list, Optuna's "A new study created" line) out of the sweep's output.
@@ -22,6 +24,7 @@ from hydra.experimental.callback import Callback
 
 from fedexp.core.summary import metric_title
 from fedexp.report import data_differences, fmt, group_runs, group_warnings, mean_std
+from fedexp.report.grid import Grid, grid_table
 
 log = logging.getLogger(__name__)
 # the columns besides the objective, when some run has them
@@ -46,10 +49,14 @@ class SweepSummary(Callback):
 
     Args:
         report: also write `<sweep dir>/report/report.md` with its plots.
+        grid: `ROW,COL`: also the runs as one table, a row per value of ROW and a column per
+            value of COL (`aggregator,attack`); None: none.
+        baseline: with `grid`, the column the others are compared with (`attack=none`).
     """
 
-    def __init__(self, report: bool = True) -> None:
+    def __init__(self, report: bool = True, grid: str | None = None, baseline: str | None = None):
         self.report = report
+        self.grid = Grid.parse(grid, baseline) if grid else None
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         from fedexp.report import find_runs, write_report  # start-up: matplotlib, at the end only
@@ -58,17 +65,31 @@ class SweepSummary(Callback):
         runs = find_runs([sweep_dir])
         if runs:
             print_sweep_table(runs, sweep_dir)
+        grid = self.grid if runs else None
+        if grid:
+            grid = print_grid(runs, grid)
         offline = wandb_offline_line(sweep_dir)
         if offline:
             print(offline)
         if not runs or not self.report:
             return
         try:
-            report = write_report([sweep_dir], sweep_dir / "report")
+            report = write_report([sweep_dir], sweep_dir / "report", grid=grid)
         except Exception as err:  # the runs are safe on disk; a plot failing must not hide them
             log.warning("the sweep report could not be written (%s)", err)
             return
         print(f"report: {report}")
+
+
+def print_grid(runs: list, grid: Grid) -> Grid | None:
+    """Print the runs as `grid`'s table; where they do not form one, say why and return None."""
+    try:
+        table = grid_table(runs, grid)
+    except ValueError as err:
+        log.warning("no grid %s,%s: %s", grid.rows, grid.columns, err)
+        return None
+    print(f"\n{grid.rows} × {grid.columns}:\n{table}")
+    return grid
 
 
 def wandb_offline_line(sweep_dir: Path) -> str | None:

@@ -1,4 +1,5 @@
-"""`python -m fedexp.report <run or multirun dirs...> [--out DIR] [--sharey]`: compare runs.
+"""`python -m fedexp.report <run or multirun dirs...> [--out DIR] [--sharey] [--grid ROW,COL]`:
+compare runs.
 
 Reads `summary.json` and `metrics.jsonl` of every run found under the given directories, groups
 the runs by the config values that differ between them (found automatically; the seed is left
@@ -7,7 +8,10 @@ and one marker and line style in all of them: accuracy vs round (mean ± std ban
 final table, the final accuracies and MIA metrics as points with error bars, client-accuracy box
 plots, accuracy vs cumulative communication, the majority/minority gap vs round, DP-FedAvg's
 privacy budget (final ε table, ε vs round, accuracy vs ε) and, for an Optuna search, the
-objective against each searched parameter with the best trial marked.
+objective against each searched parameter with the best trial marked. `--grid
+aggregator,attack [--baseline attack=none]` also prints a sweep over two keys as one table
+(`fedexp.report.grid`: a row per aggregator, a column per attack, each cell's Δ to the baseline
+column) and puts it in report.md.
 A quantity a run does not record (None, NaN, absent, a run that stopped early) is left out of
 that figure or table, and report.md says so under "Left out".
 Spread is the sample standard deviation over a group's seeds (ddof = 1); a group of one run has
@@ -21,6 +25,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from fedexp.report.grid import Grid, grid_lines, grid_table
 from fedexp.report.missing import left_out
 from fedexp.report.plots import (
     ACCURACY,
@@ -78,16 +83,20 @@ SPREAD = (
 )
 
 
-def write_report(paths: Sequence[str | Path], out: str | Path, sharey: bool = False) -> Path:
+def write_report(
+    paths: Sequence[str | Path], out: str | Path, sharey: bool = False, grid: Grid | None = None
+) -> Path:
     """Write report.md and its PNGs into `out`; returns the path of report.md. `sharey`: the
-    panels of one accuracy figure (global vs personal model) share their y-axis."""
+    panels of one accuracy figure (global vs personal model) share their y-axis; `grid`: a
+    section with the runs as a grid of two keys (ValueError where they do not form one)."""
     runs = find_runs(paths)
     if not runs:
         raise FileNotFoundError(f"no summary.json under {', '.join(map(str, paths))}")
+    groups, keys = group_runs(runs)
+    md = _head(paths, runs, groups, keys) + (grid_lines(runs, grid) if grid else [])
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    groups, keys = group_runs(runs)
-    md = _head(paths, runs, groups, keys) + _notes(groups) + _figures(groups, out, sharey)
+    md += _notes(groups) + _figures(groups, out, sharey)
     best = plot_search(runs, out / "search.png", flatten)
     if best:
         md += ["## Hyperparameter search", "", "![search](search.png)", "", *best, ""]
@@ -215,15 +224,42 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="one y-axis for the panels of an accuracy figure (global vs personal model), so "
         "their values compare by eye (default: each panel its own range)",
     )
+    parser.add_argument(
+        "--grid",
+        metavar="ROW,COL",
+        help="also print the runs as one table, a row per value of ROW and a column per value "
+        "of COL (e.g. aggregator,attack), and put it in report.md",
+    )
+    parser.add_argument(
+        "--baseline",
+        metavar="COL=VALUE",
+        help="with --grid: the column the others are compared with (attack=none): each cell "
+        "adds its mean minus that column's mean in its row",
+    )
+    parser.add_argument(
+        "--grid-metric", metavar="METRIC", help="with --grid: the metric (eval/global/acc)"
+    )
     args = parser.parse_args(argv)
     out = args.out or (Path(args.paths[0]) / "report" if len(args.paths) == 1 else Path("report"))
     try:
-        report = write_report(args.paths, out, sharey=args.sharey)
-    except FileNotFoundError as err:
+        grid = _grid(args)
+        report = write_report(args.paths, out, sharey=args.sharey, grid=grid)
+        if grid:  # the runs formed a grid: write_report checked it
+            print(grid_table(find_runs(args.paths), grid))
+    except (FileNotFoundError, ValueError) as err:
         print(f"fedexp.report: error: {err}", file=sys.stderr)
         return 2
     print(f"report: {report}")
     return 0
+
+
+def _grid(args: argparse.Namespace) -> Grid | None:
+    """The grid `--grid`, `--baseline`, `--grid-metric` ask for (ValueError: a bad one)."""
+    if args.grid is None:
+        if args.baseline is not None or args.grid_metric is not None:
+            raise ValueError("--baseline and --grid-metric go with --grid ROW,COL")
+        return None
+    return Grid.parse(args.grid, args.baseline, args.grid_metric)
 
 
 if __name__ == "__main__":
