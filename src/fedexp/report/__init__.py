@@ -1,5 +1,4 @@
-"""`python -m fedexp.report <run or multirun dirs...> [--out DIR] [--sharey] [--grid ROW,COL]`:
-compare runs.
+"""`python -m fedexp.report <run or multirun dirs...> [--out DIR] [--sharey]`: compare runs.
 
 Reads `summary.json` and `metrics.jsonl` of every run found under the given directories, groups
 the runs by the config values that differ between them (found automatically; the seed is left
