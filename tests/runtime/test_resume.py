@@ -21,7 +21,11 @@ from fedexp.runtime.run_dir import LOCK_FILE
 from saved_runs import same, saved_models
 
 REPO = Path(__file__).resolve().parents[2]
-ALGORITHMS = sorted(p.stem for p in (REPO / "conf" / "algorithm").glob("[!_]*.yaml"))
+# FedDF distils every round (seconds a round at smoke size): its resume in the slow tier
+ALGORITHMS = [
+    pytest.param(a, marks=pytest.mark.slow) if a == "feddf" else a
+    for a in sorted(p.stem for p in (REPO / "conf" / "algorithm").glob("[!_]*.yaml"))
+]
 BASE = ("rounds=3", "eval_every=1", "checkpoint_every=0")
 # a run stopped after round 1 of 2: its resumed round still trains clients of round 1 (the
 # sample of seed 0: clients 0, 1, 2, then 0, 2, 4) from the restored server state and store
