@@ -1,12 +1,12 @@
 """`partition.server_pool: auto`: the server's pool is set aside only in runs that use it.
 
 The pool (`fedexp.data.server_pool`) takes training samples out of every client's reach. A run
-whose algorithm or aggregator never reads it would only lose data, so `auto` (the default) sets aside what the
-algorithm or the aggregator declares it needs (`server_pool_need(cfg) -> int` on its `_target_`;
-FedHeNN with `rad_source: server` asks for 2 × rad_size, so each round's RAD is a fresh draw;
-FLTrust for the paper's root dataset of 100), the larger of the two, and nothing otherwise. A
-comparison of FedHeNN with other methods sets one explicit pool for every method (the FedHeNN
-presets do), so that all of them train on the same client data; `summary.json`'s
+whose algorithm or aggregator never reads it would only lose data, so `auto` (the default) sets
+aside what the algorithm or the aggregator declares it needs (`server_pool_need(cfg) -> int` on
+its `_target_`; FedHeNN with `rad_source: server` asks for 2 × rad_size, so each round's RAD is
+a fresh draw; FLTrust for the paper's root dataset of 100), the larger of the two, and nothing
+otherwise. A comparison of FedHeNN with other methods sets one explicit pool for every method
+(the FedHeNN presets do), so that all of them train on the same client data; `summary.json`'s
 `data_fingerprint` tells whether they did.
 """
 
