@@ -142,6 +142,30 @@ def test_messages_larger_than_the_pipe_go_both_ways_without_a_deadlock(compose_c
     assert same(pool_state.params, seq_state.params)
 
 
+@pytest.mark.experiment
+def test_a_payload_shared_by_the_cohort_goes_once_to_each_worker_a_round(
+    compose_cfg, tmp_path, monkeypatch
+):
+    from fedexp.core.types import Weights
+    from fedexp.engine.executors import pool
+
+    sent = []
+
+    def recording(conn, message):  # the run's process's sends (the worker's stay in the worker)
+        if isinstance(message, tuple) and len(message) == 3 and isinstance(message[0], int):
+            sent.append(type(message[1]).__name__)
+        pool_send(conn, message)
+
+    pool_send = pool.send
+    monkeypatch.setattr(pool, "send", recording)
+    # FedAvg sends the cohort one Weights
+    cfg = compose_cfg(*SHORT, "num_clients=12", "clients_per_round=12", *POOL)
+    final_state(cfg, tmp_path / "pool")
+    handed = len(sent)
+    assert sent.count(Weights.__name__) == 2 and sent.count("str") == handed - 2  # 1 a round
+    assert handed > 2  # the worker trained more than one client in a round
+
+
 @contextlib.contextmanager
 def deadline(seconds: int):
     def expire(signum, frame):

@@ -50,6 +50,9 @@ PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 # the answer to a worker that asks for its next client while it trains one, once fewer clients
 # are left than processes: ask again when free (the last clients go one to a process)
 LATER = "later"
+# in place of a client's payload: the same object as the last one sent to that worker this round
+# (FedAvg-like algorithms send every client one payload: the global model goes once a worker)
+SAME = "same payload"
 
 
 # a client's fixed cost (its module's reset, the payload written in, its result built), in
@@ -241,7 +244,7 @@ class _Dispatcher:
         self._thread.start()
 
     def _serve(self, conn, queue, ctx, payloads, stats, entries) -> None:
-        parts, left = [], {}
+        parts, left, last = [], {}, None
         with contextlib.suppress(EOFError, OSError):  # the worker died: None
             send(conn, (ctx.round, ctx.seed, ctx.num_malicious, stats))
             while (message := receive(conn))[0] in ("next", "trained"):
@@ -252,7 +255,12 @@ class _Dispatcher:
                     send(conn, LATER)
                 else:
                     cid = queue.pop()
-                    send(conn, None if cid is None else (cid, payloads[cid], entries[cid]))
+                    if cid is None:
+                        send(conn, None)
+                        continue
+                    payload = payloads[cid]
+                    send(conn, (cid, SAME if payload is last else payload, entries[cid]))
+                    last = payload
             self._message = ("ok", parts, left) if message[0] == "end" else message
 
     def wait(self):
@@ -324,13 +332,14 @@ def _train_handed_out(conn, algorithm: Algorithm, executor, data, task) -> None:
     round_idx, seed, num_malicious, stats = task
     store = algorithm.store = ClientStore()  # this round's entries only, in memory
     send(conn, ("next", False))
-    handed = receive(conn)
+    handed, last = receive(conn), None
     while handed is not None:
         if handed == LATER:  # asked while busy, with few clients left: ask again now
             send(conn, ("next", False))
             handed = receive(conn)
             continue
         cid, payload, entry = handed
+        payload = last = last if isinstance(payload, str) else payload  # SAME: the last one
         send(conn, ("next", True))
         if entry is not None:
             store.put(cid, entry)
