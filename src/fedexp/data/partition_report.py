@@ -210,6 +210,8 @@ class PartitionStats:
         self._error: BaseException | None = None
         self._thread = None
         self._child = None
+        if draw is None:
+            return
         if not background:
             draw()
         elif "fork" in multiprocessing.get_all_start_methods():
@@ -217,6 +219,11 @@ class PartitionStats:
         else:
             self._thread = threading.Thread(target=self._draw, args=(draw,), name="partition-plot")
             self._thread.start()
+
+    @classmethod
+    def none(cls) -> PartitionStats:
+        """No files: a torchrun rank above 0, whose outputs nobody reads, writes none."""
+        return cls((), None, background=False)
 
     def _draw(self, draw) -> None:
         try:

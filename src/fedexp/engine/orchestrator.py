@@ -151,6 +151,9 @@ class Orchestrator:
         """Run to the last round; returns the metrics of the last evaluated round."""
         state = self.algorithm.init_state() if state is None else state
         self.state = state
+        start = getattr(self.executor, "start", None)  # worker processes: the run's start-up
+        if start is not None and start_round <= self.rounds:
+            start(self.algorithm, self.train_data)
         for t in range(start_round, self.rounds + 1):
             state, metrics = self.run_round(state, t)
             self.state, self.round = state, t

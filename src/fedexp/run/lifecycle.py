@@ -17,7 +17,7 @@ from fedexp.config.values import CheckedValues
 from fedexp.core.callbacks import Callback, RunInfo, run_end, run_start
 from fedexp.core.summary import Objective, RunSummary, Timing
 from fedexp.core.types import Diverged
-from fedexp.data.partition_report import start_partition_stats
+from fedexp.data.partition_report import PartitionStats, start_partition_stats
 from fedexp.engine.orchestrator import Orchestrator
 from fedexp.engine.participation import participation
 from fedexp.loggers.base import logs_artifacts
@@ -29,6 +29,7 @@ from fedexp.runtime.checkpoint import CHECKPOINT_FILE, saved_total
 from fedexp.runtime.final_model import save_final_models
 from fedexp.runtime.fingerprint import data_digest
 from fedexp.runtime.pruning import Pruned
+from fedexp.runtime.ranks import is_output_rank
 from fedexp.runtime.signals import Interrupted
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,9 @@ def _run(c: Components, callbacks: RunCallbacks, choices: dict, group: str | Non
     checkpointer.restore_loggers(c.checkpoint)  # on resume: W&B continues the same run id
     scheme = get_object(cfg.partition._target_).name
     title = f"{c.data.dataset.name}: {scheme} partition, label shares"
-    stats = start_partition_stats(c.data, c.run_dir, title)  # the PNG drawn while rounds run
+    # the PNG drawn while rounds run, by the process that writes the outputs
+    output = is_output_rank()
+    stats = start_partition_stats(c.data, c.run_dir, title) if output else PartitionStats.none()
     info = RunInfo(
         run_dir=c.run_dir,
         config=OmegaConf.to_container(cfg, resolve=True),

@@ -63,3 +63,50 @@ def test_ranks_above_zero_write_to_a_scratch_dir(monkeypatch):
     extra = prepare_rank(["a=1"])
     assert extra[0] == "a=1" and any(a.startswith("hydra.run.dir=") for a in extra)
     assert "hydra/job_logging=disabled" in extra
+
+
+def _gather_rank(rank: int, store_path: str, out) -> None:
+    """A rank of a 2-process gloo group: its results and store entries through
+    `all_gather_bytes`, what every rank sent read back."""
+    import pickle
+
+    import torch.distributed as dist
+
+    from fedexp.engine.executors.distributed import all_gather_bytes
+    from fedexp.engine.executors.wire import dumps
+
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=2)
+    try:
+        mine = (
+            {"rank": rank, "upload": torch.arange(5.0) * (rank + 1), "half": torch.ones(3).half()}
+            if rank == 0
+            else {"rank": rank, "entries": {7: torch.full((2, 2), 7.0)}}
+        )
+        raw = all_gather_bytes(dumps(mine), torch.device("cpu"))
+        out.put((rank, [pickle.loads(r) for r in raw]))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_all_gather_bytes_gives_every_rank_every_ranks_tensors(tmp_path):
+    import multiprocessing
+
+    # Prepare: two ranks of unequal payloads (the shorter padded in the collective)
+    context = multiprocessing.get_context("fork")
+    out = context.Queue()
+    procs = [
+        context.Process(target=_gather_rank, args=(r, str(tmp_path / "store"), out))
+        for r in range(2)
+    ]
+    # Execute
+    for proc in procs:
+        proc.start()
+    got = dict(out.get(timeout=60) for _ in procs)
+    for proc in procs:
+        proc.join(timeout=30)
+    # Assert: both ranks read both payloads, in rank order, tensors and dtypes intact
+    for rank in (0, 1):
+        first, second = got[rank]
+        assert first["rank"] == 0 and torch.equal(first["upload"], torch.arange(5.0))
+        assert first["half"].dtype == torch.float16 and first["half"].tolist() == [1.0] * 3
+        assert second["rank"] == 1 and torch.equal(second["entries"][7], torch.full((2, 2), 7.0))

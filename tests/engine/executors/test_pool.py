@@ -128,6 +128,24 @@ def test_the_pool_trains_as_the_sequential_executor_bit_for_bit(compose_cfg, tmp
 
 
 @pytest.mark.experiment
+def test_the_workers_start_before_the_first_round_is_timed(compose_cfg, tmp_path):
+    exp = Experiment(compose_cfg("rounds=1", "checkpoint_every=0", *POOL), tmp_path / "run")
+    orch, pool = exp.orchestrator(), exp.executor.inner
+    alive = []
+
+    def run_round(state, t):  # what the round finds when its time starts
+        alive.append([proc.is_alive() for proc in pool._procs])
+        return timed_round(state, t)
+
+    timed_round, orch.run_round = orch.run_round, run_round
+    try:
+        orch.run()
+    finally:
+        exp.executor.close()
+    assert alive == [[True]]  # forked by the run's start-up: the fork is not round 1's time
+
+
+@pytest.mark.experiment
 def test_messages_larger_than_the_pipe_go_both_ways_without_a_deadlock(compose_cfg, tmp_path):
     # an MLP of 600 x 600 on digits: 0.4 M parameters, a 1.6 MB payload to each client and an
     # upload as large back, both while the other side may be sending (a socket pipe holds

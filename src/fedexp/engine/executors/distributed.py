@@ -4,8 +4,10 @@
 
 Every rank builds the same experiment (same seed, same data, same initial state). Each round,
 every rank computes the same cohort, trains its shard of it (balanced by expected optimizer
-steps, `client_costs`) with the inner executor, and one `all_gather_object` per round hands
-every rank all the uploads plus the client-store entries its peers wrote; every rank then
+steps, `client_costs`) with the inner executor, and one all-gather of bytes per round hands
+every rank all the uploads plus the client-store entries its peers wrote (`all_gather_bytes`:
+each rank's results pickled with their tensors as raw bytes, one uint8 tensor a rank through
+the collective; `all_gather_object` saved every tensor with `torch.save`); every rank then
 aggregates identically, so the server state stays the same everywhere without a broadcast.
 Per-client seeds depend on (seed, round, client) only, so the sharding does not change what a
 client computes. Rank 0 writes the outputs; the other ranks write into a temporary dir that is
@@ -17,6 +19,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import os
+import pickle
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -29,6 +32,7 @@ from fedexp.core.cohort import RoundResults
 from fedexp.core.types import ConfigError, Message, RoundContext
 from fedexp.engine.executors.pool import client_costs, shard
 from fedexp.engine.executors.select import executor_named
+from fedexp.engine.executors.wire import dumps
 from fedexp.runtime.ranks import world
 
 
@@ -79,6 +83,9 @@ class DistributedExecutor:
 
             dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
             atexit.register(_shutdown)
+        # torch imports its compiler stack on an optimizer's first construction (seconds): here,
+        # in the run's start-up, not in the first round's time (as the pool executor does)
+        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
         self.rank, self.size = rank, size
         self.workers = size  # the processes that train each round (`runtime/processes`)
         self.inner = executor_named(inner, device, chunk_size, key="executor.inner")
@@ -104,17 +111,39 @@ class DistributedExecutor:
             results = self.inner.run(algorithm, {c: payloads[c] for c in mine}, sub, data, stats)
         cpu = torch.device("cpu")
         stored = {cid: algorithm.store.get(cid) for cid in mine if cid in algorithm.store}
-        gathered: list = [None] * self.size
-        dist.all_gather_object(gathered, (results.to(cpu), to_device(stored, cpu)))  # the one
+        mine_bytes = dumps((results.to(cpu), to_device(stored, cpu)))
         parts = []
-        for rank, (rank_results, rank_stored) in enumerate(gathered):
+        for rank, raw in enumerate(all_gather_bytes(mine_bytes, self._collective_device())):
             if rank == self.rank:
                 parts.append(results)
                 continue
+            rank_results, rank_stored = pickle.loads(raw)
             for cid, state in rank_stored.items():  # so any rank can serve any client later
                 algorithm.store.put(cid, to_device(state, algorithm.device))
             parts.append(rank_results.to(algorithm.device))
         return RoundResults.concat([p for p in parts if len(p)]).take(ctx.client_ids)
+
+    def _collective_device(self) -> torch.device:
+        """Where the collective's buffers live: the rank's GPU under nccl, else the CPU."""
+        if dist.get_backend() == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+
+def all_gather_bytes(mine, device: torch.device) -> list[memoryview]:
+    """Every rank's bytes, in rank order, through two collectives: the lengths, then one uint8
+    tensor a rank (padded to the longest)."""
+    size = dist.get_world_size()
+    length = torch.tensor([len(mine)], dtype=torch.int64, device=device)
+    lengths = [torch.zeros_like(length) for _ in range(size)]
+    dist.all_gather(lengths, length)
+    longest = max(int(n) for n in lengths)
+    buffer = torch.zeros(longest, dtype=torch.uint8, device=device)
+    if len(mine):
+        buffer[: len(mine)] = torch.frombuffer(mine, dtype=torch.uint8).to(device)
+    buffers = [torch.empty_like(buffer) for _ in range(size)]
+    dist.all_gather(buffers, buffer)
+    return [memoryview(b[: int(n)].cpu().numpy()) for b, n in zip(buffers, lengths, strict=True)]
 
 
 def _shutdown() -> None:

@@ -1,14 +1,14 @@
 """A round's cohort trained over the machine's cores: W processes, one run (`executor=auto` on a
 CPU with cores to spare; `fedexp.engine.executors.select` decides).
 
-The run's process forks W - 1 workers when its first round starts (Python's `multiprocessing`,
-fork start method): each inherits the built experiment — the algorithm, its client modules and
-the data — as the parent's own memory pages, shared copy-on-write (the data's tensors are
-never written, so they are never copied). Each round, the clients are handed out one at a time,
-the largest first (by expected optimizer steps, `client_costs`), to whichever process is free:
-the parent takes the next one itself between its clients, and a thread of the parent's per
-worker answers that worker's requests through its pipe with a client's payload and store entry
-(the round's context and broadcast statistics go once). A worker asks for its next client
+The run's process forks W - 1 workers before its first round (`start`; Python's
+`multiprocessing`, fork start method): each inherits the built experiment — the algorithm, its
+client modules and the data — as the parent's own memory pages, shared copy-on-write (the data's
+tensors are never written, so they are never copied). Each round, the clients are handed out one
+at a time, the largest first (by expected optimizer steps, `client_costs`), to whichever process
+is free: the parent takes the next one itself between its clients, and a thread of the parent's
+per worker answers that worker's requests through its pipe with a client's payload and store
+entry (the round's context and broadcast statistics go once). A worker asks for its next client
 before it trains the one in hand, so it never waits on the parent; once fewer clients are left
 than processes, it asks only when free. Each client's results and the store entry it left come
 back as soon as it is trained. So a process that runs slower (a busy or throttled core) takes
@@ -112,6 +112,13 @@ class PoolExecutor:
         self._finalizer = None
 
     # ---- the workers ---------------------------------------------------------------------------
+    def start(self, algorithm: Algorithm, data) -> None:
+        """Fork the workers now, before the first round (the orchestrator calls it once the run
+        is built, its checkpoint restored): the fork is the run's start-up, as a Ray cluster's
+        is Flower's, not its first round's time. A round starts them if nobody did."""
+        if self.workers >= 2 and self._bound is None:
+            self._start(algorithm, data)
+
     def _start(self, algorithm: Algorithm, data) -> None:
         context = multiprocessing.get_context("fork")
         sys.stdout.flush()  # a forked child must not write the parent's buffered output again

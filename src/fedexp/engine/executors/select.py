@@ -95,6 +95,12 @@ class AutoExecutor:
         if close is not None:
             close()
 
+    def start(self, algorithm: Algorithm, data) -> None:
+        """The pool's workers, forked before the first round (`PoolExecutor.start`)."""
+        start = getattr(self.inner, "start", None)
+        if start is not None:
+            start(algorithm, data)
+
     def check_algorithm(self, algorithm: Algorithm, num_clients: int) -> None:
         check = getattr(self.inner, "check_algorithm", None)
         if check is None:

@@ -1,5 +1,6 @@
-"""What the pool executor's processes send each other through their pipes: pickles whose plain CPU
-tensors travel as their bytes (`send`, `receive`)."""
+"""What the pool executor's processes send each other through their pipes, and the torchrun ranks
+through their round's collective: pickles whose plain CPU tensors travel as their bytes (`send`,
+`receive`, `dumps`)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,16 @@ import pickle
 import torch
 
 
-def send(conn, message) -> None:
-    """`message` through the pipe, its tensors as their bytes (`_Pickler`)."""
+def dumps(message) -> memoryview:
+    """`message` pickled, its tensors as their bytes (`_Pickler`); `pickle.loads` reads it."""
     out = io.BytesIO()
     _Pickler(out, protocol=5).dump(message)
-    conn.send_bytes(out.getbuffer())
+    return out.getbuffer()
+
+
+def send(conn, message) -> None:
+    """`message` through the pipe, its tensors as their bytes."""
+    conn.send_bytes(dumps(message))
 
 
 def receive(conn):
