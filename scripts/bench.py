@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--full", action="store_true", help="the full size named in issue 7")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--executors", default="sequential", help="comma list of fedexp executors")
-    parser.add_argument("--reps", type=int, default=3, help="timed repetitions")
+    parser.add_argument("--reps", type=int, default=None, help="timed repetitions (default 3)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs before them")
     parser.add_argument("--no-plain", action="store_true", help="skip the plain PyTorch loop")
     parser.add_argument("--rounds", type=int, default=None, help="override the workload's rounds")
@@ -281,10 +281,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "--clients", default="1000,10000,100000", help="scale: comma list of populations"
     )
     args = parser.parse_args(argv)
-    executors = args.executors.split(",")
     if args.workload in ("cores", "startup", "threads"):  # each in a module of its own
         module = importlib.import_module(f"bench_{args.workload}")
-        return getattr(module, f"bench_{args.workload}")(args.reps, args.json)
+        reps = {"reps": args.reps} if args.reps else {}  # else the workload's own default
+        return getattr(module, f"bench_{args.workload}")(json_path=args.json, **reps)
     if args.workload == "dispatch":
         from bench_dispatch import bench_dispatch
 
@@ -295,6 +295,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         populations = tuple(int(n) for n in args.clients.split(","))
         return bench_scale(populations, json_path=args.json)
     threads = args.threads if args.threads == "auto" else int(args.threads)
+    executors, reps = args.executors.split(","), args.reps or 3
     names = list(WORKLOADS) if args.workload == "all" else [args.workload]
     print(f"torch {torch.__version__}, threads={threads}, device {args.device}")
     results = []
@@ -305,7 +306,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             if args.rounds is not None:
                 w = replace(w, rounds=args.rounds, eval_every=min(w.eval_every, args.rounds))
             r = bench_workload(
-                w, executors, args.device, args.reps, cache, args.warmup, not args.no_plain, threads
+                w, executors, args.device, reps, cache, args.warmup, not args.no_plain, threads
             )
             report(r, executors)
             results.append(r)

@@ -9,9 +9,13 @@ is a `python -m fedexp` process; its mean round time is `summary.json`'s `timing
 (local training and aggregation, no evaluation), with the median of the rounds after the
 first beside it (the first holds one-time costs); its memory, in one more run of each setting
 whose times are not used (reading a process's PSS stalls it), the peak over the run of the
-proportional set size (PSS: shared pages counted once) of its processes summed. The runs of the
-settings are interleaved, rep by rep (Flower's after them: Ray's processes outlive a run for a
-while), and the medians reported with the ratios of one run.
+proportional set size (PSS: shared pages counted once) of its processes summed. Each rep runs
+the settings back to back — one process, `auto`, `torchrun ... executor=distributed` on the same
+cores, and as many one-process runs at once as there are cores (the machine's own ceiling: what
+C busy cores give over one) — and a speed-up is the median over the reps of the ratio within a
+rep, with its range (this machine's speed drifts over minutes; the two runs of a ratio are
+seconds apart), the ratio of the medians beside it. Flower's runs come after fedexp's (Ray's
+processes outlive a run for a while).
 Flower's runs train the same model on the same clients' data with the same local SGD (batch,
 lr, epochs), its `FedAvg` strategy sampling the same number of clients a round, one CPU per
 virtual client; their mean round time is each round's time from its configuration to its
@@ -27,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -199,63 +204,115 @@ print(json.dumps({{"round_s": sum(Timed.rounds) / len(Timed.rounds)}}))
 """
 
 
-def bench_cores(reps: int = 3, json_path: Path | None = None) -> list[dict]:
+def run_torchrun(workload: str, cache: str, processes: int) -> dict:
+    """The same workload under `torchrun --nproc_per_node <processes> ... executor=distributed`
+    (the sharded path the pool replaced as the default): its mean round time."""
+    per_round, epochs = WORKLOADS[workload]
+    run_dir = tempfile.mkdtemp(prefix=f"cores-{workload}-torchrun-")
+    env = dict(os.environ, FEDEXP_CACHE_DIR=cache, WANDB_MODE="disabled", OMP_NUM_THREADS="1")
+    args = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc_per_node={processes}", "-m", "fedexp", *COMMON,
+        f"clients_per_round={per_round}", f"client.local_epochs={epochs}",
+        "executor=distributed", f"hydra.run.dir={run_dir}",
+    ]  # fmt: skip
+    subprocess.run(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, check=True)
+    summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    return {"round_s": summary["timing"]["round_s_mean"]}
+
+
+def run_side_by_side(workload: str, cache: str, processes: int) -> float:
+    """`processes` one-process runs at once, each on the whole workload: the machine's own
+    ceiling for that many busy cores (two busy vCPUs may each run slower than one alone). The
+    throughput, in rounds a second, of all of them together."""
+    with ThreadPoolExecutor(processes) as pool:
+        runs = list(pool.map(lambda _: run_fedexp(workload, "sequential", cache), range(processes)))
+    return sum(1 / r["round_s"] for r in runs)
+
+
+def bench_cores(reps: int = 5, json_path: Path | None = None) -> list[dict]:
+    """Each rep runs, back to back: one process, auto, torchrun on the same cores, and as many
+    one-process runs at once as there are cores; a speed-up is the median over the reps of the
+    ratio within a rep (the machine's speed drifts over minutes: the two runs of a ratio are
+    seconds apart), with its range; the medians of the round times beside it."""
     from fedexp.runtime.threads import available_cores
 
     cores = available_cores()
     flower = flower_available()
     missing = "not installed (pip install 'flwr[simulation]')"
-    print(f"{cores} cores; Flower {'installed' if flower else missing}")
+    print(f"{cores} cores; Flower {'installed' if flower else missing}; {reps} reps")
     results = []
     with tempfile.TemporaryDirectory() as cache:
         run_fedexp("20x2", "sequential", cache)  # untimed: the dataset's cache is written
         for workload in WORKLOADS:
-            runs: dict[str, list] = {"sequential": [], "auto": [], "flower": []}
+            runs: dict[str, list] = {k: [] for k in ("sequential", "auto", "torchrun", "flower")}
+            ceiling = []
             for _ in range(reps):
                 for executor in ("sequential", "auto"):
                     runs[executor].append(run_fedexp(workload, executor, cache))
-            watched = {e: run_fedexp(workload, e, cache, watch=True) for e in runs if e != "flower"}
+                runs["torchrun"].append(run_torchrun(workload, cache, cores))
+                ceiling.append(run_side_by_side(workload, cache, cores))
+            watched = {
+                e: run_fedexp(workload, e, cache, watch=True) for e in ("sequential", "auto")
+            }
             for _ in range(reps if flower else 0):  # after fedexp's: Ray's processes linger
                 runs["flower"].append(run_flower(workload, cache))
-            med = {k: statistics.median(r["round_s"] for r in v) for k, v in runs.items() if v}
-            later = {
-                k: statistics.median(r["later_round_s"] for r in runs[k])
-                for k in ("sequential", "auto")
-            }
-            pss = {k: r["peak_pss_mb"] for k, r in watched.items()}
-            same = all(
-                r["metrics"] == runs["sequential"][0]["metrics"]
-                for r in runs["sequential"] + runs["auto"]
-            )
-            row = {
-                "workload": workload,
-                "cores": cores,
-                "processes": runs["auto"][0]["processes"],
-                "round_s": med,
-                "speedup": med["sequential"] / med["auto"],
-                "later_round_s": later,
-                "later_speedup": later["sequential"] / later["auto"],
-                "peak_pss_mb": pss,
-                "memory_ratio": pss["auto"] / pss["sequential"],
-                "identical_metrics": same,
-            }
-            if "flower" in med:
-                row["flower_over_auto"] = med["flower"] / med["auto"]
-            results.append(row)
-            flower_text = (
-                f", Flower {med['flower']:.3f} s ({row['flower_over_auto']:.2f}x auto's)"
-                if "flower" in med
-                else ""
-            )
-            print(
-                f"{workload}: one process {med['sequential']:.3f} s/round, auto "
-                f"({row['processes']} processes) {med['auto']:.3f} s/round: "
-                f"{row['speedup']:.2f}x (rounds after the first: {later['sequential']:.3f} s, "
-                f"{later['auto']:.3f} s, {row['later_speedup']:.2f}x); "
-                f"peak PSS {pss['sequential']:.0f} MB -> "
-                f"{pss['auto']:.0f} MB ({row['memory_ratio']:.2f}x); identical metrics: "
-                f"{same}{flower_text}"
-            )
+            results.append(summarise(workload, cores, runs, ceiling, watched))
     if json_path is not None:
         json_path.write_text(json.dumps(results, indent=2))
     return results
+
+
+def paired(num: list[dict], den: list[dict], key: str = "round_s") -> dict:
+    """The ratios num/den rep by rep: their median, smallest and largest."""
+    ratios = [a[key] / b[key] for a, b in zip(num, den, strict=True)]
+    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+
+
+def summarise(workload: str, cores: int, runs: dict, ceiling: list[float], watched: dict) -> dict:
+    seq, auto = runs["sequential"], runs["auto"]
+    med = {k: statistics.median(r["round_s"] for r in v) for k, v in runs.items() if v}
+    speedup = paired(seq, auto)
+    ceilings = [c * r["round_s"] for c, r in zip(ceiling, seq, strict=True)]  # x one process
+    pss = {k: r["peak_pss_mb"] for k, r in watched.items()}
+    row = {
+        "workload": workload,
+        "cores": cores,
+        "processes": auto[0]["processes"],
+        "reps": len(seq),
+        "round_s": med,
+        "speedup": speedup,
+        "speedup_of_medians": med["sequential"] / med["auto"],
+        "later_speedup": paired(seq, auto, "later_round_s"),
+        "torchrun_speedup": paired(seq, runs["torchrun"]),
+        "machine_ceiling": statistics.median(ceilings),
+        "share_of_ceiling": statistics.median(
+            [
+                s / c
+                for s, c in zip([a["round_s"] / b["round_s"] for a, b in zip(seq, auto)], ceilings)
+            ]
+        ),
+        "peak_pss_mb": pss,
+        "memory_ratio": pss["auto"] / pss["sequential"],
+        "identical_metrics": all(r["metrics"] == seq[0]["metrics"] for r in seq + auto),
+    }
+    if "flower" in med:
+        row["flower_over_auto"] = med["flower"] / med["auto"]
+    flower_text = (
+        f"; Flower {med['flower']:.3f} s ({row['flower_over_auto']:.2f}x auto's)"
+        if "flower" in med
+        else ""
+    )
+    s, t, later = speedup, row["torchrun_speedup"], row["later_speedup"]
+    print(
+        f"{workload}: one process {med['sequential']:.3f} s/round, auto ({row['processes']} "
+        f"processes) {med['auto']:.3f} s/round: {s['median']:.2f}x (median of {row['reps']} "
+        f"paired runs, {s['min']:.2f}-{s['max']:.2f}; ratio of the medians "
+        f"{row['speedup_of_medians']:.2f}x; rounds after the first {later['median']:.2f}x); "
+        f"torchrun {med['torchrun']:.3f} s/round ({t['median']:.2f}x, {t['min']:.2f}-"
+        f"{t['max']:.2f}); {cores} one-process runs at once: {row['machine_ceiling']:.2f}x one's "
+        f"throughput, auto {row['share_of_ceiling']:.0%} of it; peak PSS "
+        f"{pss['sequential']:.0f} MB -> {pss['auto']:.0f} MB ({row['memory_ratio']:.2f}x); "
+        f"identical metrics: {row['identical_metrics']}{flower_text}"
+    )
+    return row

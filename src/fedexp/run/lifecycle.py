@@ -65,11 +65,7 @@ def _run(c: Components, callbacks: RunCallbacks, choices: dict, group: str | Non
     cfg, checkpointer = c.cfg, callbacks.checkpointer
     orch = make_orchestrator(c, callbacks=callbacks.all)
     checkpointer.restore_loggers(c.checkpoint)  # on resume: W&B continues the same run id
-    scheme = get_object(cfg.partition._target_).name
-    title = f"{c.data.dataset.name}: {scheme} partition, label shares"
-    # the PNG drawn while rounds run, by the process that writes the outputs
-    output = is_output_rank()
-    stats = start_partition_stats(c.data, c.run_dir, title) if output else PartitionStats.none()
+    stats = partition_files(c)
     info = RunInfo(
         run_dir=c.run_dir,
         config=OmegaConf.to_container(cfg, resolve=True),
@@ -122,6 +118,16 @@ def _run(c: Components, callbacks: RunCallbacks, choices: dict, group: str | Non
     )
     run_end(orch.callbacks, summary)
     return summary
+
+
+def partition_files(c: Components) -> PartitionStats:
+    """The partition's CSV, and its PNG drawn while the rounds run, by the process that writes
+    the outputs (a torchrun rank above 0 writes neither)."""
+    if not is_output_rank():
+        return PartitionStats.none()
+    scheme = get_object(c.cfg.partition._target_).name
+    title = f"{c.data.dataset.name}: {scheme} partition, label shares"
+    return start_partition_stats(c.data, c.run_dir, title)
 
 
 def record_total(c: Components) -> None:
