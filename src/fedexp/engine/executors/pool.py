@@ -43,7 +43,7 @@ from fedexp.core.client_store import ClientStore
 from fedexp.core.cohort import RoundResults
 from fedexp.core.types import Message, RoundContext
 from fedexp.engine.executors.sequential import SequentialExecutor
-from fedexp.engine.executors.wire import receive, send
+from fedexp.engine.executors.wire import Sender, receive, send
 
 log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
@@ -311,7 +311,7 @@ def _serve(conn, parent_end, algorithm: Algorithm, data, threads: int, parent: i
     _die_with_parent(parent)
     torch.set_num_threads(threads)
     algorithm.store = ClientStore()  # this round's entries only, in memory: no shared spill dir
-    executor = SequentialExecutor()
+    executor, sender = SequentialExecutor(), Sender(conn)
     code = 0
     try:
         while True:
@@ -322,9 +322,12 @@ def _serve(conn, parent_end, algorithm: Algorithm, data, threads: int, parent: i
             if task is None:
                 break
             try:
-                _train_handed_out(conn, algorithm, executor, data, task)
+                _train_handed_out(conn, sender, algorithm, executor, data, task)
+            except (EOFError, OSError):  # the parent went away
+                break
             except Exception as err:  # noqa: BLE001 - the parent raises it and stops the pool
-                send(conn, ("error", f"{type(err).__name__}: {err}", traceback.format_exc()))
+                sender.put(("error", f"{type(err).__name__}: {err}", traceback.format_exc()))
+                sender.flush()
                 break
     except BaseException:  # noqa: BLE001 - a worker never runs the parent's handlers
         code = 1
@@ -332,29 +335,30 @@ def _serve(conn, parent_end, algorithm: Algorithm, data, threads: int, parent: i
         os._exit(code)
 
 
-def _train_handed_out(conn, algorithm: Algorithm, executor, data, task) -> None:
+def _train_handed_out(conn, sender: Sender, algorithm: Algorithm, executor, data, task) -> None:
     """A worker's round: the clients the parent hands out, one at a time (the next asked for
     before this one trains, so none waits on the parent's thread), each one's results and the
-    store entry it left sent back as soon as it is trained."""
+    store entry it left sent back as soon as it is trained (by `sender`'s thread, while this
+    one trains the next client)."""
     round_idx, seed, num_malicious, stats = task
     store = algorithm.store = ClientStore()  # this round's entries only, in memory
-    send(conn, ("next", False))
+    sender.put(("next", False))
     handed, last = receive(conn), None
     while handed is not None:
         if handed == LATER:  # asked while busy, with few clients left: ask again now
-            send(conn, ("next", False))
+            sender.put(("next", False))
             handed = receive(conn)
             continue
         cid, payload, entry = handed
         payload = last = last if isinstance(payload, str) else payload  # SAME: the last one
-        send(conn, ("next", True))
+        sender.put(("next", True))
         if entry is not None:
             store.put(cid, entry)
         ctx = RoundContext(round_idx, (cid,), seed, num_malicious)
         results = executor.run(algorithm, {cid: payload}, ctx, data, stats)
-        # the answer is taken off the pipe before the results go into it: the parent's thread
-        # never sends to a worker that is sending (a deadlock once both outgrow the pipe)
+        # this thread reads the answer while the sender's writes: neither side's thread ever
+        # waits to send to one that is itself sending (a deadlock once both outgrow the pipe)
         handed = receive(conn)
-        send(conn, ("trained", cid, results, store.get(cid)))
+        sender.put(("trained", cid, results, store.get(cid)))
         store.delete(cid)
-    send(conn, ("end",))
+    sender.put(("end",))
