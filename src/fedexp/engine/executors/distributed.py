@@ -32,6 +32,7 @@ from fedexp.core.cohort import RoundResults
 from fedexp.core.types import ConfigError, Message, RoundContext
 from fedexp.engine.executors.pool import client_costs, shard
 from fedexp.engine.executors.select import executor_named
+from fedexp.engine.executors.sequential import import_optimizer_stack
 from fedexp.engine.executors.wire import dumps
 from fedexp.runtime.ranks import world
 
@@ -83,9 +84,7 @@ class DistributedExecutor:
 
             dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
             atexit.register(_shutdown)
-        # torch imports its compiler stack on an optimizer's first construction (seconds): here,
-        # in the run's start-up, not in the first round's time (as the pool executor does)
-        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+        import_optimizer_stack()  # in start-up, not in round 1's time
         self.rank, self.size = rank, size
         self.workers = size  # the processes that train each round (`runtime/processes`)
         self.inner = executor_named(inner, device, chunk_size, key="executor.inner")

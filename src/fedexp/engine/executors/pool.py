@@ -100,9 +100,6 @@ class PoolExecutor:
     and `workers` - 1 forked ones); `threads`: torch's threads in each."""
 
     def __init__(self, workers: int, threads: int = 1):
-        # torch imports its compiler stack on an optimizer's first construction (seconds): here,
-        # with the run's start-up, so that the workers inherit it instead of importing it again
-        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
         self.workers = int(workers)
         self.threads = int(threads)
         self.inner = SequentialExecutor()

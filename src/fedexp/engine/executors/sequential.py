@@ -12,9 +12,19 @@ from fedexp.core.cohort import RoundResults
 from fedexp.core.types import Message, RoundContext, ServerState
 
 
+def import_optimizer_stack() -> None:
+    """torch imports its compiler stack (`torch._dynamo`, 1.5-2 s) on an optimizer's first
+    construction: here, in the run's start-up, where an executor is built, so that the first
+    round's time (`time/round_s`, the summary's mean) is training and not that import."""
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+
+
 class SequentialExecutor:
     """One client after another on one resident model per architecture; the local batch size
     and optimizer are the algorithm's `ClientConfig`."""
+
+    def __init__(self):
+        import_optimizer_stack()
 
     def run(
         self,
