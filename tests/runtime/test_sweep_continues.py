@@ -72,8 +72,9 @@ def test_a_killed_sweep_run_again_continues_where_it_stopped(tmp_path, uninterru
     assert "sweep sweep: 4 runs in 1 group" in proc.stdout
 
 
-@pytest.mark.experiment
-def test_a_stopped_sweep_names_the_command_that_continues_it(tmp_path, uninterrupted):
+def stopped_sweep_command(tmp_path: Path) -> list[str]:
+    """A sweep SIGTERM'd at job 1: its one line naming the command that continues it, checked,
+    and that command's arguments after `python -m fedexp -m`, the test's callback left out."""
     stopped = sweep(tmp_path, "hydra.sweep.dir=sweep", *kill_at(1, "SIGTERM"), check=False)
     assert stopped.returncode == 128 + 15, stopped.stderr[-2000:]
     lines = [line for line in stopped.stderr.splitlines() if "continue" in line]
@@ -83,9 +84,18 @@ def test_a_stopped_sweep_names_the_command_that_continues_it(tmp_path, uninterru
     args = shlex.split(command)
     assert args[:4] == ["python", "-m", "fedexp", "-m"]
     assert f"hydra.sweep.dir={tmp_path / 'sweep'}" in args
+    return [a for a in args[4:] if not a.startswith("+hydra.callbacks.kill")]
+
+
+@pytest.mark.experiment
+def test_a_stopped_sweep_names_the_command_that_continues_it(tmp_path):
+    stopped_sweep_command(tmp_path)
+
+
+@pytest.mark.slow
+def test_the_command_a_stopped_sweep_names_continues_it(tmp_path, uninterrupted):
     # the command as printed (minus the test's callback) continues the sweep
-    args = [a for a in args[4:] if not a.startswith("+hydra.callbacks.kill")]
-    proc = run_cli(*args, cwd=tmp_path, multirun=True, env=PATH)
+    proc = run_cli(*stopped_sweep_command(tmp_path), cwd=tmp_path, multirun=True, env=PATH)
     assert {j: job_result(tmp_path / "sweep" / j) for j in JOBS} == uninterrupted
     assert "4 runs in 1 group" in " ".join(proc.stdout.split())  # the title wraps on long paths
 
