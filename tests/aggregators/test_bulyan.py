@@ -11,7 +11,7 @@ import torch
 from omegaconf import OmegaConf
 
 from components import with_yaml
-from fedexp.aggregators import _warned
+from fedexp.aggregators import new_run, run_notes
 from fedexp.aggregators.bulyan import bulyan
 from fedexp.aggregators.multikrum import krum_select
 from fedexp.core.types import ConfigError, Weights
@@ -83,12 +83,19 @@ def test_bulyan_equals_flower_run_here():
 
 
 def test_known_is_capped_at_n_minus_3_over_4_with_a_warning(caplog):
-    _warned.discard("bulyan.f")
+    new_run()
     six = A[:6]
     with caplog.at_level("WARNING", logger="fedexp.aggregators"):
         out = bulyan(six, torch.ones(6), num_malicious=1)  # 6 < 4 + 3: f = 0, the mean
     assert torch.allclose(out, six.mean(0))
     assert "aggregator.f: 1 of 6 uploads is more than Bulyan allows" in caplog.text
+    # logged once, counted each time: the run's warnings say in how many aggregations
+    bulyan(six, torch.ones(6), num_malicious=2)
+    assert caplog.text.count("more than Bulyan allows") == 1
+    (note,) = run_notes()
+    assert note.startswith("aggregator.f: 1 of 6 uploads") and "first of 2 aggregations" in note
+    new_run()  # the next run starts with none
+    assert run_notes() == []
     # 7 uploads, 2 malicious: f = 1
     assert torch.equal(bulyan(A, torch.ones(7), num_malicious=2), bulyan(A, torch.ones(7), f=1))
 

@@ -58,6 +58,19 @@ def test_refused_before_training_in_one_line(cli_in_process, overrides, says):
     assert len(error) == 1 and says in error[0], proc.stderr
 
 
+@pytest.mark.experiment
+def test_a_capped_aggregation_is_counted_beside_the_numbers(compose_cfg, lifecycle, tmp_path):
+    # 3 uploads a round, 1 malicious client of 3: Bulyan (f = known) needs n >= 4f + 3 = 7 in
+    # every round (all 3 clients train each round), and falls back to f = 0
+    cfg = compose_cfg(
+        "aggregator=bulyan", "attack=sign_flip", "attack.fraction=0.34", "num_clients=3"
+    )
+    summary = lifecycle.run(cfg, tmp_path / "run")
+    (line,) = [w for w in summary["warnings"] if "more than Bulyan allows" in w]
+    assert line.startswith("aggregator.f: 1 of 3 uploads is more than Bulyan allows")
+    assert "(the first of 2 aggregations so)" in line  # both rounds (smoke: 2 rounds)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("aggregator", ["centered_clip", "fltrust"])
 def test_a_resumed_run_ends_as_an_uninterrupted_one(compose_cfg, lifecycle, tmp_path, aggregator):

@@ -43,14 +43,32 @@ INPUTS = ("previous", "reference")  # what an aggregator may declare it takes be
 PREVIOUS_KEY = "aggregator/previous"  # the server-state buffer holding the previous output
 log = logging.getLogger(__name__)
 _warned: set[str] = set()
+_counts: dict[str, list] = {}  # key -> [times, its first message]: this run's (`warn_once`)
 
 
 def warn_once(key: str, message: str) -> None:
-    """Log `message` the first time `key` is seen in this process (a cap hit every round would
-    otherwise flood the log)."""
+    """A cap or a fallback the aggregator applied (it changes what that round's aggregate
+    means): logged the first time `key` is seen in this run (a cap hit every round would
+    otherwise flood the log), counted every time; `run_notes()` puts the count beside the
+    numbers (the run's warnings: the final table, the sweep table, the report)."""
     if key not in _warned:
         _warned.add(key)
         log.warning("%s (reported once)", message)
+    _counts.setdefault(key, [0, message])[0] += 1
+
+
+def run_notes() -> list[str]:
+    """This run's `warn_once` lines, each with the number of aggregations it held for."""
+    return [
+        message if times == 1 else f"{message} (the first of {times} aggregations so)"
+        for times, message in _counts.values()
+    ]
+
+
+def new_run() -> None:
+    """Forget the last run's notes (a sweep's jobs may share a process)."""
+    _warned.clear()
+    _counts.clear()
 
 
 def round_size(cfg) -> int:

@@ -11,6 +11,7 @@ from pathlib import Path
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
+from fedexp import aggregators
 from fedexp.config.extend import check_extension
 from fedexp.config.saved import save_rounds
 from fedexp.config.values import CheckedValues
@@ -63,6 +64,7 @@ def run(
 
 def _run(c: Components, callbacks: RunCallbacks, choices: dict, group: str | None) -> RunSummary:
     cfg, checkpointer = c.cfg, callbacks.checkpointer
+    aggregators.new_run()  # the aggregators' caps are counted for this run's warnings
     orch = make_orchestrator(c, callbacks=callbacks.all)
     checkpointer.restore_loggers(c.checkpoint)  # on resume: W&B continues the same run id
     stats = partition_files(c)
@@ -141,8 +143,11 @@ def record_total(c: Components) -> None:
 
 def run_warnings(c: Components, rounds: int) -> list[str]:
     """What changes what this run's numbers mean, one line each: the algorithm's settings
-    (`Algorithm.run_warnings`), the attack's rounds, and classes no client trains on."""
+    (`Algorithm.run_warnings`), the attack's rounds, the aggregator's caps and fallbacks
+    (`fedexp.aggregators.run_notes`), and classes no client trains on."""
     lines = [*c.algorithm.run_warnings(c.cfg.rounds), *c.attack.run_warnings(rounds)]
+    since = " (counted since the resume)" if c.checkpoint is not None else ""
+    lines.extend(f"{note}{since}" for note in aggregators.run_notes())
     asked, clients = int(c.cfg.clients_per_round), c.data.num_clients
     if asked > clients:  # a natural split with fewer owners: every client, every round
         lines.append(
