@@ -83,13 +83,17 @@ def _gather_rank(rank: int, store_path: str, out) -> None:
             else {"rank": rank, "entries": {7: torch.full((2, 2), 7.0)}}
         )
         raw = all_gather_bytes(dumps(mine), torch.device("cpu"))
-        out.put((rank, [pickle.loads(r) for r in raw]))
+        [pickle.loads(r) for r in raw]  # each rank reads what it gathered
+        # the bytes back, not tensors: a tensor through a multiprocessing queue leaves its
+        # storage behind a handle that this process, gone by then, would have to serve
+        out.put((rank, [bytes(r) for r in raw]))
     finally:
         dist.destroy_process_group()
 
 
 def test_all_gather_bytes_gives_every_rank_every_ranks_tensors(tmp_path):
     import multiprocessing
+    import pickle
 
     # Prepare: two ranks of unequal payloads (the shorter padded in the collective)
     context = multiprocessing.get_context("fork")
@@ -101,7 +105,9 @@ def test_all_gather_bytes_gives_every_rank_every_ranks_tensors(tmp_path):
     # Execute
     for proc in procs:
         proc.start()
-    got = dict(out.get(timeout=60) for _ in procs)
+    got = {
+        rank: [pickle.loads(r) for r in raw] for rank, raw in (out.get(timeout=60) for _ in procs)
+    }
     for proc in procs:
         proc.join(timeout=30)
     # Assert: both ranks read both payloads, in rank order, tensors and dtypes intact
