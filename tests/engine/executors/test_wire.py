@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from fedexp.engine.executors.wire import Sender, dumps, receive
+from fedexp.engine.executors.wire import IOV_MAX, Sender, dumps, frame, receive, send
 
 
 def test_tensors_travel_as_their_bytes_with_dtype_and_shape():
@@ -49,3 +49,49 @@ def test_a_sender_whose_reader_is_gone_raises_at_the_next_put():
         sender.flush()
     with pytest.raises(OSError):
         sender.put("after")
+
+
+def test_a_frame_carries_every_kind_of_tensor_aligned_and_apart():
+    mine, theirs = multiprocessing.Pipe()
+    grad = torch.ones(3, requires_grad=True)  # through torch's own pickling
+    message = {
+        "half": torch.arange(3).half(),  # 6 bytes: the next tensor starts at a padded offset
+        "long": torch.arange(5, dtype=torch.int64),
+        "mask": torch.tensor([True, False, True]),
+        "double": torch.arange(12.0, dtype=torch.float64).reshape(3, 4).t(),  # not contiguous
+        "empty": torch.zeros(0, 2),
+        "grad": grad,
+        "text": "kept",
+    }
+    send(mine, message)
+    back = receive(theirs)
+    for name in ("half", "long", "mask", "double", "empty"):
+        assert back[name].dtype == message[name].dtype, name
+        assert torch.equal(back[name], message[name]), name
+    assert back["grad"].requires_grad and torch.equal(back["grad"], grad)
+    assert back["text"] == "kept"
+    for name in ("half", "long", "mask", "double"):
+        assert back[name].data_ptr() % 8 == 0, name  # any dtype reads its elements aligned
+    back["half"].fill_(9)  # each tensor its own bytes of the frame: the others stay
+    assert back["long"].tolist() == [0, 1, 2, 3, 4] and back["mask"].tolist() == [1, 0, 1]
+
+
+def test_a_frame_of_more_buffers_than_one_write_takes_arrives_whole():
+    mine, theirs = multiprocessing.Pipe()
+    message = [torch.full((7,), float(i)) for i in range(IOV_MAX * 2 + 3)]
+    assert len(frame(message)) > IOV_MAX * 2 + 3  # one piece a tensor: several writes
+    box = []
+    reader = threading.Thread(target=lambda: box.append(receive(theirs)), daemon=True)
+    reader.start()  # read while it is written: more than a pipe holds at once
+    send(mine, message)
+    reader.join(timeout=30)
+    assert [t[0].item() for t in box[0]] == [float(i) for i in range(len(message))]
+
+
+def test_receive_says_eof_once_the_other_side_has_gone():
+    mine, theirs = multiprocessing.Pipe()
+    send(mine, ("last", torch.ones(2)))
+    mine.close()
+    assert receive(theirs)[0] == "last"
+    with pytest.raises(EOFError):
+        receive(theirs)
