@@ -167,11 +167,14 @@ def test_a_payload_shared_by_the_cohort_goes_once_to_each_worker_a_round(
     from fedexp.core.types import Weights
     from fedexp.engine.executors import pool
 
-    sent = []
+    sent, starts = [], []
 
     def recording(conn, message):  # the run's process's sends (the worker's stay in the worker)
-        if isinstance(message, tuple) and len(message) == 3 and isinstance(message[0], int):
-            sent.append(type(message[1]).__name__)
+        if isinstance(message, tuple) and len(message) == 5:  # a round's start
+            starts.append(message[4] is not None)  # with the worker's first client
+        handed = message[4] if isinstance(message, tuple) and len(message) == 5 else message
+        if isinstance(handed, tuple) and len(handed) == 3 and isinstance(handed[0], int):
+            sent.append(type(handed[1]).__name__)  # a client handed out (with a round's start)
         pool_send(conn, message)
 
     pool_send = pool.send
@@ -182,6 +185,7 @@ def test_a_payload_shared_by_the_cohort_goes_once_to_each_worker_a_round(
     handed = len(sent)
     assert sent.count(Weights.__name__) == 2 and sent.count("str") == handed - 2  # 1 a round
     assert handed > 2  # the worker trained more than one client in a round
+    assert starts == [True, True]  # each round's first client went with its start
 
 
 @contextlib.contextmanager

@@ -8,11 +8,12 @@ tensors are never written, so they are never copied). Each round, the clients ar
 at a time, the largest first (by expected optimizer steps, `client_costs`), to whichever process
 is free: the parent takes the next one itself between its clients, and a thread of the parent's
 per worker answers that worker's requests through its pipe with a client's payload and store
-entry (the round's context and broadcast statistics go once). A worker asks for its next client
-before it trains the one in hand, so it never waits on the parent; once fewer clients are left
-than processes, it asks only when free. Each client's results and the store entry it left come
-back as soon as it is trained. So a process that runs slower (a busy or throttled core) takes
-fewer clients, where fixed shards made the round wait for the slowest. Each client trains
+entry (the round's context and broadcast statistics go once, with the worker's first client).
+A worker asks for its next client before it trains the one in hand, so it never waits on the
+parent; once fewer clients are left than processes, it asks only when free. Each client's
+results and the store entry it left come back as soon as it is trained. So a process that
+runs slower (a busy or throttled core) takes fewer clients, where fixed shards made the round
+wait for the slowest. Each client trains
 exactly as in the sequential executor (`run_client`: seeds from (seed, round, client), the same
 thread count), so the results are the sequential executor's, bit for bit, whoever trains them.
 
@@ -166,6 +167,8 @@ class PoolExecutor:
             _Dispatcher(w, self.workers, conn, queue, ctx, payloads, stats, entries)
             for w, conn in enumerate(self._conns, start=1)
         ]
+        for dispatcher in dispatchers:  # each worker has its first client before this one trains
+            dispatcher.started.wait()
         parts = []
         try:
             while (cid := queue.pop()) is not None:
@@ -182,6 +185,8 @@ class PoolExecutor:
                 else:
                     store.put(cid, entry)
             parts.extend(results)
+        at = {cid: i for i, cid in enumerate(ctx.client_ids)}  # in order: no reordering copy
+        parts.sort(key=lambda part: at[part.client_ids[0]])
         return RoundResults.concat(parts).take(ctx.client_ids)
 
     def _receive(self, dispatcher: _Dispatcher):
@@ -225,9 +230,11 @@ class _Queue:
 
 
 class _Dispatcher:
-    """A thread that serves one worker through the round: the round's context, then a client
-    from the queue at each of the worker's requests (its payload and store entry), then the
-    worker's results."""
+    """A thread that serves one worker through the round: the round's context with its first
+    client (`started` is set once it is sent: the run's process waits for it before it trains,
+    so the worker starts at once instead of when this thread next gets the interpreter's lock
+    from that training), then a client from the queue at each of the worker's requests (its
+    payload and store entry), then the worker's results."""
 
     def __init__(
         self,
@@ -243,14 +250,27 @@ class _Dispatcher:
         self.w = w
         self._processes = processes
         self._message = None
+        self.started = threading.Event()
         args = (conn, queue, ctx, payloads, stats, entries)
         self._thread = threading.Thread(target=self._serve, args=args, daemon=True)
         self._thread.start()
 
     def _serve(self, conn, queue, ctx, payloads, stats, entries) -> None:
         parts, left, last = [], {}, None
+
+        def hand_out():  # the queue's next client, its payload sent once to this worker
+            nonlocal last
+            if (cid := queue.pop()) is None:
+                return None
+            payload, same = payloads[cid], payloads[cid] is last
+            last = payload
+            return cid, SAME if same else payload, entries[cid]
+
         with contextlib.suppress(EOFError, OSError):  # the worker died: None
-            send(conn, (ctx.round, ctx.seed, ctx.num_malicious, stats))
+            try:
+                send(conn, (ctx.round, ctx.seed, ctx.num_malicious, stats, hand_out()))
+            finally:
+                self.started.set()
             while (message := receive(conn))[0] in ("next", "trained"):
                 if message[0] == "trained":  # a client's results, as soon as it is done
                     _, cid, results, left[cid] = message
@@ -258,13 +278,7 @@ class _Dispatcher:
                 elif message[1] and queue.left() < self._processes:  # the last few: one each
                     send(conn, LATER)
                 else:
-                    cid = queue.pop()
-                    if cid is None:
-                        send(conn, None)
-                        continue
-                    payload = payloads[cid]
-                    send(conn, (cid, SAME if payload is last else payload, entries[cid]))
-                    last = payload
+                    send(conn, hand_out())
             self._message = ("ok", parts, left) if message[0] == "end" else message
 
     def wait(self):
@@ -337,10 +351,9 @@ def _train_handed_out(conn, sender: Sender, algorithm: Algorithm, executor, data
     before this one trains, so none waits on the parent's thread), each one's results and the
     store entry it left sent back as soon as it is trained (by `sender`'s thread, while this
     one trains the next client)."""
-    round_idx, seed, num_malicious, stats = task
+    round_idx, seed, num_malicious, stats, handed = task  # the round's first client with it
     store = algorithm.store = ClientStore()  # this round's entries only, in memory
-    sender.put(("next", False))
-    handed, last = receive(conn), None
+    last = None
     while handed is not None:
         if handed == LATER:  # asked while busy, with few clients left: ask again now
             sender.put(("next", False))
