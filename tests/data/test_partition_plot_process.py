@@ -1,7 +1,8 @@
 """The partition's PNG is drawn by a forked process of its own (`PartitionStats`): at the lowest
 priority, named `partition-plot`, holding none of the run's files (the run-dir lock ends with
-the run); its PNG kept in the run's process for the next job on the same partition; and a run
-that ends while it still draws (a starved lowest-priority process) draws the plot itself."""
+the run); its PNG kept in the run's process for the next job on the same partition; a run
+that ends while it still draws (a starved lowest-priority process) draws the plot itself; and a
+run whose processes fill the cores draws it once its rounds are over."""
 
 from __future__ import annotations
 
@@ -77,3 +78,35 @@ def test_a_run_that_ends_before_the_drawing_does_draws_the_plot_itself(tmp_path,
     (plot, _), _ = stats.wait()
     assert time.monotonic() - start < 60 and plot.read_bytes()[:4] == b"\x89PNG"
     assert not Path(f"/proc/{pid}").exists()  # stopped, and reaped
+
+
+def test_a_plot_left_for_the_end_is_drawn_by_wait_and_by_nothing_before(tmp_path, monkeypatch):
+    monkeypatch.setattr(partition_report, "_DRAWN", {})
+    drawn = []
+    real = partition_report.plot_label_distribution
+
+    def counted(*args, **kwargs):
+        drawn.append(len(drawn))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(partition_report, "plot_label_distribution", counted)
+    stats = partition_report.start_partition_stats(two_clients(), tmp_path, "hand", "end")
+    assert stats._child is None and stats._thread is None  # no process, no thread
+    assert (tmp_path / "partition_stats.csv").exists()  # the CSV at once
+    assert not (tmp_path / "partition_labels.png").exists() and drawn == []
+    (plot, kind), _ = stats.wait()
+    assert kind == "partition/label_distribution" and plot.read_bytes()[:4] == b"\x89PNG"
+    assert drawn == [0]
+    assert stats.wait()[0][0] == plot and drawn == [0]  # drawn once
+
+
+def test_a_plot_left_for_the_end_raises_what_drawing_it_raised_from_wait(tmp_path, monkeypatch):
+    monkeypatch.setattr(partition_report, "_DRAWN", {})
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(partition_report, "plot_label_distribution", broken)
+    stats = partition_report.start_partition_stats(two_clients(), tmp_path, "hand", "end")
+    with pytest.raises(OSError, match="disk full"):
+        stats.wait()

@@ -19,6 +19,7 @@ from fedexp.runtime.threads import (
     available_cores,
     choose_threads,
     idle_cores,
+    spare_core,
     step_flops,
 )
 
@@ -145,3 +146,13 @@ def test_the_chosen_count_is_applied_and_reported(tmp_path):
         assert summary.metrics["runtime/threads"] == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_spare_core_is_one_the_runs_processes_and_threads_leave(clean_env):
+    # 8 cores by affinity (clean_env)
+    assert spare_core(1, 1) and spare_core(7, 1) and spare_core(2, 3)
+    assert not spare_core(8, 1) and not spare_core(2, 4) and not spare_core(1, 8)
+    clean_env.setenv("OMP_NUM_THREADS", "2")  # a parallel sweep's share: two cores
+    assert spare_core(1, 1) and not spare_core(2, 1)
+    clean_env.setenv("SLURM_CPUS_PER_TASK", "1")
+    assert not spare_core(1, 1)

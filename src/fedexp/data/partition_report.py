@@ -196,23 +196,30 @@ def write_partition_stats(
 class PartitionStats:
     """The partition's files (`write_partition_stats`): the CSV written, the PNG drawn by a
     process of its own when `background` (matplotlib's import and the drawing take a second or
-    two of CPU). That process runs at the lowest priority, so the rounds lose no core to it: on a
-    machine with a core idle it draws there at once; on one whose cores the run fills (the pool
-    executor's workers, a parallel sweep) it takes what they leave, and `wait()` (at the run's
-    end, or where a logger needs the files) draws it in this process if it has not finished.
-    (A thread drawing it held the interpreter's lock through the first round, which it made
-    seconds slower.) Where processes cannot be forked it draws in a thread.
+    two of CPU). That process runs at the lowest priority: on a machine with a core idle it
+    draws there at once; where something else fills the cores it takes what they leave, and
+    `wait()` (at the run's end, or where a logger needs the files) draws it in this process if it
+    has not finished. (A thread drawing it held the interpreter's lock through the first round,
+    which it made seconds slower.) Where processes cannot be forked it draws in a thread.
+    `background="end"`: drawn by `wait()` only, for a run whose own processes fill the cores
+    (`spare_core`): a lowest-priority process still ran in every gap of the pool executor's
+    rounds (a worker waiting for its next client, the round's end) and held the core for a
+    scheduler's slice when the round's process woke, making rounds slower and their times
+    uneven, and at 12 rounds it had not finished when the run ended.
     `wait()` returns (path, kind) of both, the plot first, once the PNG is written, and raises
     what drawing it raised."""
 
-    def __init__(self, artifacts: tuple[tuple[Path, str], ...], draw, background: bool):
+    def __init__(self, artifacts: tuple[tuple[Path, str], ...], draw, background: bool | str):
         self.artifacts = artifacts
         self._error: BaseException | None = None
         self._thread = None
         self._child = None
+        self._later = None
         if draw is None:
             return
-        if not background:
+        if background == "end":
+            self._later = draw
+        elif not background:
             draw()
         elif "fork" in multiprocessing.get_all_start_methods():
             self._child = _DrawingProcess(draw)
@@ -232,6 +239,9 @@ class PartitionStats:
             self._error = err
 
     def wait(self) -> tuple[tuple[Path, str], ...]:
+        if self._later is not None:
+            draw, self._later = self._later, None
+            self._draw(draw)
         if self._thread is not None:
             self._thread.join()
         if self._child is not None:
@@ -324,11 +334,11 @@ def _draw_child(conn, draw) -> None:
 
 
 def start_partition_stats(
-    data, run_dir: str | Path, title: str = "", background: bool = True
+    data, run_dir: str | Path, title: str = "", background: bool | str = True
 ) -> PartitionStats:
     """Write `partition_stats.csv` now and start drawing the label-distribution PNG (in a
-    background thread unless `background=False`; `draw_once`); `PartitionStats.wait()` for both
-    files."""
+    background process unless `background=False`, or at `wait()` where `background="end"`;
+    `draw_once`); `PartitionStats.wait()` for both files."""
     run_dir = Path(run_dir)
     counts = class_counts(data.train_labels(), data.partition, data.num_classes)
     names = getattr(data, "class_names", None)

@@ -32,6 +32,7 @@ from fedexp.runtime.fingerprint import data_digest
 from fedexp.runtime.pruning import Pruned
 from fedexp.runtime.ranks import is_output_rank
 from fedexp.runtime.signals import Interrupted
+from fedexp.runtime.threads import spare_core
 
 log = logging.getLogger(__name__)
 
@@ -123,13 +124,18 @@ def _run(c: Components, callbacks: RunCallbacks, choices: dict, group: str | Non
 
 
 def partition_files(c: Components) -> PartitionStats:
-    """The partition's CSV, and its PNG drawn while the rounds run, by the process that writes
-    the outputs (a torchrun rank above 0 writes neither)."""
+    """The partition's CSV, and its PNG, by the process that writes the outputs (a torchrun rank
+    above 0 writes neither): drawn while the rounds run where they leave a core idle, else once
+    they are over (`PartitionStats`: the run's processes fill the cores)."""
     if not is_output_rank():
         return PartitionStats.none()
     scheme = get_object(c.cfg.partition._target_).name
     title = f"{c.data.dataset.name}: {scheme} partition, label shares"
-    return start_partition_stats(c.data, c.run_dir, title)
+    processes = getattr(c.executor, "workers", 1)
+    background = True if spare_core(processes, c.threads) else "end"
+    if background == "end":
+        log.info("partition plot: drawn after the rounds (the run's processes fill the cores)")
+    return start_partition_stats(c.data, c.run_dir, title, background)
 
 
 def record_total(c: Components) -> None:

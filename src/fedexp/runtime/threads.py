@@ -54,6 +54,16 @@ def omp_threads() -> int | None:
     return int(env) if env.isdigit() and int(env) >= 1 else None
 
 
+def spare_core(processes: int, threads: int) -> bool:
+    """Whether a run of `processes` processes of `threads` torch threads each leaves a core of
+    those it was given idle (cores as `executor=auto` counts them: `available_cores`, capped by
+    OMP_NUM_THREADS)."""
+    cores, told = available_cores(), omp_threads()
+    if told is not None:
+        cores = min(cores, told)
+    return cores > max(processes, 1) * max(threads, 1)
+
+
 def idle_cores(window_s: float = IDLE_WINDOW_S) -> float:
     """Cores no process used over `window_s` (Linux: /proc/stat's idle time, system-wide), else
     the CPUs less the 1-minute load average."""

@@ -21,6 +21,7 @@ from fedexp.core.types import ConfigError
 from fedexp.engine.executors import select
 from fedexp.engine.executors.pool import PoolExecutor
 from fedexp.run import Experiment
+from fedexp.runtime import threads
 from fedexp.runtime.checkpoint import CHECKPOINT_FILE
 from saved_runs import same, saved_models
 
@@ -79,6 +80,29 @@ def test_auto_on_two_cores_runs_two_processes_with_one_thread_each(compose_cfg, 
     cores(1)
     one = Experiment(compose_cfg(*SHORT), tmp_path / "one")
     assert one.executor.workers == 1 and not isinstance(one.executor.inner, PoolExecutor)
+
+
+@pytest.mark.experiment
+def test_a_run_whose_processes_fill_the_cores_draws_the_partition_plot_after_its_rounds(
+    compose_cfg, lifecycle, cores, monkeypatch, tmp_path
+):
+    from fedexp.run import lifecycle as run_lifecycle
+
+    real, asked = run_lifecycle.start_partition_stats, []
+
+    def start(data, run_dir, title, background):
+        asked.append(background)
+        return real(data, run_dir, title, background)
+
+    monkeypatch.setattr(run_lifecycle, "start_partition_stats", start)
+    for n in (2, 3):  # the pool of two on two cores: none spare; on three: one
+        cores(n)
+        monkeypatch.setattr(threads, "available_cores", lambda n=n: n)
+        run_dir = tmp_path / f"cores{n}"
+        summary = lifecycle.run(compose_cfg(*SHORT, "clients_per_round=2"), run_dir)
+        assert summary["metrics"]["runtime/processes"] == 2
+        assert (run_dir / "partition_labels.png").read_bytes()[:4] == b"\x89PNG"
+    assert asked == ["end", True]
 
 
 def final_state(cfg, run_dir: Path):
