@@ -11,8 +11,9 @@ first beside it (the first holds one-time costs); its memory, in one more run of
 whose times are not used (reading a process's PSS stalls it), the peak over the run of the
 proportional set size (PSS: shared pages counted once) of its processes summed. Each rep runs
 the settings back to back — one process, `auto`, `torchrun ... executor=distributed` on the same
-cores, and as many one-process runs at once as there are cores (the machine's own ceiling: what
-C busy cores give over one) — and a speed-up is the median over the reps of the ratio within a
+cores, and as many one-process runs at once as there are cores, each told its share
+(OMP_NUM_THREADS, as a parallel sweep's jobs are; the machine's own ceiling: what C busy cores
+give over one) — and a speed-up is the median over the reps of the ratio within a
 rep, with its range (this machine's speed drifts over minutes; the two runs of a ratio are
 seconds apart), the ratio of the medians beside it. Flower's runs come after fedexp's (Ray's
 processes outlive a run for a while).
@@ -78,13 +79,18 @@ def tree(pid: int) -> list[int]:
     return out
 
 
-def run_fedexp(workload: str, executor: str, cache: str, watch: bool = False) -> dict:
+def run_fedexp(
+    workload: str, executor: str, cache: str, watch: bool = False, share: int | None = None
+) -> dict:
     """One `python -m fedexp` run: its mean round time, processes and, `watch`ed, its peak PSS
-    (MB; reading a process's PSS stalls it, so a watched run's times are not used)."""
+    (MB; reading a process's PSS stalls it, so a watched run's times are not used). `share`: the
+    cores it is told are its own (OMP_NUM_THREADS, as a parallel sweep's launcher sets it)."""
     per_round, epochs = WORKLOADS[workload]
     run_dir = tempfile.mkdtemp(prefix=f"cores-{workload}-{executor}-")
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     env.update(FEDEXP_CACHE_DIR=cache, WANDB_MODE="disabled")
+    if share is not None:
+        env["OMP_NUM_THREADS"] = str(share)
     args = [
         sys.executable, "-m", "fedexp", *COMMON, f"clients_per_round={per_round}",
         f"client.local_epochs={epochs}", f"executor={executor}", f"hydra.run.dir={run_dir}",
@@ -224,9 +230,18 @@ def run_torchrun(workload: str, cache: str, processes: int) -> dict:
 def run_side_by_side(workload: str, cache: str, processes: int) -> float:
     """`processes` one-process runs at once, each on the whole workload: the machine's own
     ceiling for that many busy cores (two busy vCPUs may each run slower than one alone). The
-    throughput, in rounds a second, of all of them together."""
+    throughput, in rounds a second, of all of them together. Each is told its share of the
+    cores, as a parallel sweep's jobs are: none sees a spare core, so none draws its partition
+    plot while its rounds run (as `auto`, filling the cores, does not)."""
+    from fedexp.runtime.threads import available_cores
+
+    share = max(available_cores() // processes, 1)
+
+    def one(_) -> dict:
+        return run_fedexp(workload, "sequential", cache, share=share)
+
     with ThreadPoolExecutor(processes) as pool:
-        runs = list(pool.map(lambda _: run_fedexp(workload, "sequential", cache), range(processes)))
+        runs = list(pool.map(one, range(processes)))
     return sum(1 / r["round_s"] for r in runs)
 
 

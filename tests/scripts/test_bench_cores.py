@@ -56,3 +56,18 @@ def test_the_summary_holds_the_ceiling_and_auto_s_share_of_it(bench_cores, capsy
     assert "2.00x (median of 2 paired runs" in capsys.readouterr().out
     auto[1]["metrics"] = {"eval/global/acc": 0.4}  # a run whose results differ is flagged
     assert not bench_cores.summarise("20x2", 2, runs, ceiling, watched)["identical_metrics"]
+
+
+def test_the_runs_side_by_side_are_each_told_their_share_of_the_cores(bench_cores, monkeypatch):
+    from fedexp.runtime import threads
+
+    told = []
+
+    def fake(workload, executor, cache, watch=False, share=None):
+        told.append((executor, share))
+        return {"round_s": 0.5}
+
+    monkeypatch.setattr(bench_cores, "run_fedexp", fake)
+    monkeypatch.setattr(threads, "available_cores", lambda: 2)
+    assert bench_cores.run_side_by_side("20x2", "cache", 2) == 4.0  # 2 runs x 2 rounds a second
+    assert told == [("sequential", 1), ("sequential", 1)]
