@@ -319,11 +319,12 @@ def summarise(workload: str, cores: int, runs: dict, ceiling: list[float], watch
         else ""
     )
     s, t, later = speedup, row["torchrun_speedup"], row["later_speedup"]
+    # the speed-ups to three decimals: 1.896x printed as 1.90x would read as a 1.9x target met
     print(
         f"{workload}: one process {med['sequential']:.3f} s/round, auto ({row['processes']} "
-        f"processes) {med['auto']:.3f} s/round: {s['median']:.2f}x (median of {row['reps']} "
+        f"processes) {med['auto']:.3f} s/round: {s['median']:.3f}x (median of {row['reps']} "
         f"paired runs, {s['min']:.2f}-{s['max']:.2f}; ratio of the medians "
-        f"{row['speedup_of_medians']:.2f}x; rounds after the first {later['median']:.2f}x); "
+        f"{row['speedup_of_medians']:.3f}x; rounds after the first {later['median']:.3f}x); "
         f"torchrun {med['torchrun']:.3f} s/round ({t['median']:.2f}x, {t['min']:.2f}-"
         f"{t['max']:.2f}); {cores} one-process runs at once: {row['machine_ceiling']:.2f}x one's "
         f"throughput, auto {row['share_of_ceiling']:.0%} of it; peak PSS "

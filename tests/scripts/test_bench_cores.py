@@ -53,7 +53,7 @@ def test_the_summary_holds_the_ceiling_and_auto_s_share_of_it(bench_cores, capsy
     assert row["machine_ceiling"] == pytest.approx(1.6)
     assert row["share_of_ceiling"] == pytest.approx(2.0 / 1.6)
     assert row["memory_ratio"] == pytest.approx(1.2) and row["identical_metrics"]
-    assert "2.00x (median of 2 paired runs" in capsys.readouterr().out
+    assert "2.000x (median of 2 paired runs" in capsys.readouterr().out
     auto[1]["metrics"] = {"eval/global/acc": 0.4}  # a run whose results differ is flagged
     assert not bench_cores.summarise("20x2", 2, runs, ceiling, watched)["identical_metrics"]
 
