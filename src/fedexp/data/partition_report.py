@@ -202,10 +202,10 @@ class PartitionStats:
     has not finished. (A thread drawing it held the interpreter's lock through the first round,
     which it made seconds slower.) Where processes cannot be forked it draws in a thread.
     `background="end"`: drawn by `wait()` only, for a run whose own processes fill the cores
-    (`spare_core`): a lowest-priority process still ran in every gap of the pool executor's
-    rounds (a worker waiting for its next client, the round's end) and held the core for a
-    scheduler's slice when the round's process woke, making rounds slower and their times
-    uneven, and at 12 rounds it had not finished when the run ended.
+    (`spare_core`): a lowest-priority process still ran in the gaps of the pool executor's
+    rounds (a worker waiting for its next client, the round's end), the rounds were slower and
+    their times uneven with it (docs/BENCHMARKS.md, "Every core"), and at 12 rounds it had not
+    finished when the run ended.
     `wait()` returns (path, kind) of both, the plot first, once the PNG is written, and raises
     what drawing it raised."""
 
