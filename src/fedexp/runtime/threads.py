@@ -54,14 +54,17 @@ def omp_threads() -> int | None:
     return int(env) if env.isdigit() and int(env) >= 1 else None
 
 
-def spare_core(processes: int, threads: int) -> bool:
-    """Whether a run of `processes` processes of `threads` torch threads each leaves a core of
-    those it was given idle (cores as `executor=auto` counts them: `available_cores`, capped by
-    OMP_NUM_THREADS)."""
+def given_cores() -> int:
+    """The cores this run may fill: `available_cores`, capped by OMP_NUM_THREADS where a user, a
+    scheduler or a parallel sweep's launcher set it (`executor=auto` counts them so)."""
     cores, told = available_cores(), omp_threads()
-    if told is not None:
-        cores = min(cores, told)
-    return cores > max(processes, 1) * max(threads, 1)
+    return cores if told is None else min(cores, told)
+
+
+def spare_core(processes: int, threads: int) -> bool:
+    """Whether a run of `processes` processes of `threads` torch threads each leaves one of its
+    `given_cores` idle."""
+    return given_cores() > max(processes, 1) * max(threads, 1)
 
 
 def idle_cores(window_s: float = IDLE_WINDOW_S) -> float:

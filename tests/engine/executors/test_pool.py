@@ -36,7 +36,7 @@ def cores(monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
 
     def set_cores(n: int) -> None:
-        monkeypatch.setattr(select, "available_cores", lambda: n)
+        monkeypatch.setattr(threads, "available_cores", lambda: n)
 
     return set_cores
 
@@ -97,7 +97,6 @@ def test_a_run_whose_processes_fill_the_cores_draws_the_partition_plot_after_its
     monkeypatch.setattr(run_lifecycle, "start_partition_stats", start)
     for n in (2, 3):  # the pool of two on two cores: none spare; on three: one
         cores(n)
-        monkeypatch.setattr(threads, "available_cores", lambda n=n: n)
         run_dir = tmp_path / f"cores{n}"
         summary = lifecycle.run(compose_cfg(*SHORT, "clients_per_round=2"), run_dir)
         assert summary["metrics"]["runtime/processes"] == 2

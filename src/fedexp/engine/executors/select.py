@@ -14,7 +14,7 @@ from fedexp.core.types import ConfigError, Message, RoundContext
 from fedexp.engine.executors.pool import PoolExecutor
 from fedexp.engine.executors.sequential import SequentialExecutor
 from fedexp.engine.executors.vectorized import VectorizedExecutor
-from fedexp.runtime.threads import available_cores, omp_threads
+from fedexp.runtime.threads import given_cores, omp_threads
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +56,11 @@ def cpu_workers(workers, device: str, threads, clients_per_round: int | None) ->
     cohort = max(int(clients_per_round or 1), 1)
     if workers != "auto":
         return min(workers, cohort), f"executor.workers={workers}"
-    cores, told = available_cores(), omp_threads()
-    if told is not None:
-        cores = min(cores, told)
+    cores = given_cores()
     per_process = threads if isinstance(threads, int) and not isinstance(threads, bool) else 1
     usable = max(cores // max(per_process, 1), 1)
     count = min(usable, cohort)
-    source = "OMP_NUM_THREADS" if told is not None else "available"
+    source = "OMP_NUM_THREADS" if omp_threads() is not None else "available"
     why = f"{cores} cores {source}, {cohort} clients a round"
     return count, why
 
