@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from fedexp.core.types import ConfigError
 from fedexp.engine.executors import select
@@ -184,31 +185,97 @@ def test_messages_larger_than_the_pipe_go_both_ways_without_a_deadlock(compose_c
 
 
 @pytest.mark.experiment
-def test_a_payload_shared_by_the_cohort_goes_once_to_each_worker_a_round(
+def test_a_round_is_one_message_to_each_worker_with_a_shared_payload_pickled_once(
     compose_cfg, tmp_path, monkeypatch
 ):
-    from fedexp.core.types import Weights
     from fedexp.engine.executors import pool
 
-    sent, starts = [], []
+    frames = []
 
-    def recording(conn, message):  # the run's process's sends (the worker's stay in the worker)
-        if isinstance(message, tuple) and len(message) == 5:  # a round's start
-            starts.append(message[4] is not None)  # with the worker's first client
-        handed = message[4] if isinstance(message, tuple) and len(message) == 5 else message
-        if isinstance(handed, tuple) and len(handed) == 3 and isinstance(handed[0], int):
-            sent.append(type(handed[1]).__name__)  # a client handed out (with a round's start)
-        pool_send(conn, message)
+    def recording(conn, pieces):  # the run's process's round messages
+        frames.append(sum(p.nbytes for p in pieces))
+        pool_write(conn, pieces)
 
-    pool_send = pool.send
-    monkeypatch.setattr(pool, "send", recording)
-    # FedAvg sends the cohort one Weights
+    pool_write = pool.write_frame
+    monkeypatch.setattr(pool, "write_frame", recording)
+    # FedAvg sends the cohort one Weights: an MLP of 64-200-200-10, 0.2 MB
     cfg = compose_cfg(*SHORT, "num_clients=12", "clients_per_round=12", *POOL)
-    final_state(cfg, tmp_path / "pool")
-    handed = len(sent)
-    assert sent.count(Weights.__name__) == 2 and sent.count("str") == handed - 2  # 1 a round
-    assert handed > 2  # the worker trained more than one client in a round
-    assert starts == [True, True]  # each round's first client went with its start
+    exp = Experiment(cfg, tmp_path / "pool")
+    orch = exp.orchestrator()
+    try:
+        orch.run()
+        assert exp.executor.inner.last_round_shared is True
+    finally:
+        exp.executor.close()
+    leaves = torch.utils._pytree.tree_leaves(orch.state.params)
+    model_bytes = sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
+    assert len(frames) == 2  # one message a round to the one worker, nothing else
+    assert all(model_bytes < size < 1.2 * model_bytes for size in frames)  # 12 clients, 1 model
+
+
+def slow_worker(monkeypatch, seconds: float) -> list[int]:
+    """Each worker sleeps `seconds` before each client (patched before the fork, so the
+    workers inherit it); the returned list gets how many clients each worker's round sent."""
+    from fedexp.engine.executors import pool
+
+    parent, counts = os.getpid(), []
+    train = pool.SequentialExecutor.run
+
+    def run(self, *args, **kwargs):
+        if os.getpid() != parent:
+            time.sleep(seconds)
+        return train(self, *args, **kwargs)
+
+    def receive(conn):
+        message = real_receive(conn)
+        if os.getpid() == parent and isinstance(message, tuple) and message[0] == "end":
+            counts.append(len(message[1]))
+        return message
+
+    real_receive = pool.receive
+    monkeypatch.setattr(pool.SequentialExecutor, "run", run)
+    monkeypatch.setattr(pool, "receive", receive)
+    return counts
+
+
+@pytest.mark.experiment
+def test_a_slower_worker_claims_fewer_clients_and_the_results_stay_the_same(
+    compose_cfg, tmp_path, monkeypatch
+):
+    base = (*SHORT, "num_clients=12", "clients_per_round=12")
+    seq_state, seq_metrics, _ = final_state(
+        compose_cfg(*base, "executor=sequential"), tmp_path / "s"
+    )
+    counts = slow_worker(monkeypatch, 0.5)
+    pool_state, pool_metrics, _ = final_state(compose_cfg(*base, *POOL), tmp_path / "pool")
+    assert pool_metrics == seq_metrics and same(pool_state.params, seq_state.params)
+    assert len(counts) == 2  # a round's results came back once a round
+    assert all(1 <= n <= 3 for n in counts)  # of 12: the run's process claimed the rest
+
+
+@pytest.mark.experiment
+def test_above_the_shared_limit_each_process_trains_a_fixed_shard_with_the_same_results(
+    compose_cfg, tmp_path, monkeypatch
+):
+    from fedexp.engine.executors import pool
+
+    base = (*SHORT, "algorithm=scaffold", "num_clients=12", "clients_per_round=12")
+    seq_state, seq_metrics, seq_store = final_state(
+        compose_cfg(*base, "executor=sequential"), tmp_path / "s"
+    )
+    monkeypatch.setattr(pool, "SHARED_LIMIT", 0)  # every round over it: fixed shards
+    counts = slow_worker(monkeypatch, 0.1)  # a shard is kept however slow its process
+    exp = Experiment(compose_cfg(*base, *POOL), tmp_path / "pool")
+    orch = exp.orchestrator()
+    try:
+        metrics = orch.run()
+        assert exp.executor.inner.last_round_shared is False
+    finally:
+        exp.executor.close()
+    assert {k: v for k, v in metrics.items() if not k.startswith("time/")} == seq_metrics
+    assert same(orch.state.params, seq_state.params)
+    assert same(exp.store.state_dict(), seq_store)  # the entries went out and came back
+    assert counts == [6, 6]  # near-equal expected steps: half the clients each, both rounds
 
 
 @contextlib.contextmanager

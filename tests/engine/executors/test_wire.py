@@ -1,5 +1,5 @@
-"""The pool's pipe messages (`engine/executors/wire.py`): tensors as their bytes, and a sender
-that does not wait for its reader."""
+"""The pool's pipe messages (`engine/executors/wire.py`): tensors as their bytes, one frame
+built once for several readers."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from fedexp.engine.executors.wire import IOV_MAX, Sender, dumps, frame, receive, send
+from fedexp.engine.executors.wire import IOV_MAX, dumps, frame, receive, send, write_frame
 
 
 def test_tensors_travel_as_their_bytes_with_dtype_and_shape():
@@ -20,35 +20,6 @@ def test_tensors_travel_as_their_bytes_with_dtype_and_shape():
     assert back["n"] == 3
     back["w"][0, 0] = 7.0  # the tensor read back owns its bytes
     assert message["w"][0, 0] == 0.0
-
-
-def test_a_sender_returns_before_its_reader_reads_and_keeps_the_order():
-    mine, theirs = multiprocessing.Pipe()
-    sender = Sender(mine)
-    big = torch.arange(1_000_000, dtype=torch.float32)  # 4 MB: far more than a pipe holds
-    done = threading.Event()
-
-    def put_both():  # nobody reads yet: a plain send of `big` would block for good
-        sender.put(("first", big))
-        sender.put(("second", 2))
-        done.set()
-
-    threading.Thread(target=put_both, daemon=True).start()
-    assert done.wait(timeout=30)
-    first, second = receive(theirs), receive(theirs)
-    assert first[0] == "first" and torch.equal(first[1], big) and second == ("second", 2)
-    sender.flush()
-
-
-def test_a_sender_whose_reader_is_gone_raises_at_the_next_put():
-    mine, theirs = multiprocessing.Pipe()
-    sender = Sender(mine)
-    theirs.close()
-    sender.put("lost")  # the thread finds the pipe broken
-    with pytest.raises(OSError):
-        sender.flush()
-    with pytest.raises(OSError):
-        sender.put("after")
 
 
 def test_a_frame_carries_every_kind_of_tensor_aligned_and_apart():
@@ -95,3 +66,18 @@ def test_receive_says_eof_once_the_other_side_has_gone():
     assert receive(theirs)[0] == "last"
     with pytest.raises(EOFError):
         receive(theirs)
+
+
+def test_one_frame_written_to_two_pipes_reads_back_whole_in_each_with_a_shared_tensor_once():
+    shared = torch.arange(10_000, dtype=torch.float32)  # 40 kB, in the message three times
+    message = [(cid, shared) for cid in range(3)]
+    pieces = frame(message)
+    assert sum(p.nbytes for p in pieces) < 2 * shared.nbytes  # pickled once, referred to twice
+    pipes = [multiprocessing.Pipe() for _ in range(2)]
+    for mine, _ in pipes:
+        write_frame(mine, pieces)
+    for _, theirs in pipes:
+        back = receive(theirs)
+        assert [cid for cid, _ in back] == [0, 1, 2]
+        assert all(torch.equal(t, shared) for _, t in back)
+        assert back[0][1] is back[2][1]  # one tensor again, as sent

@@ -4,18 +4,23 @@ CPU with cores to spare; `fedexp.engine.executors.select` decides).
 The run's process forks W - 1 workers before its first round (`start`; Python's
 `multiprocessing`, fork start method): each inherits the built experiment — the algorithm, its
 client modules and the data — as the parent's own memory pages, shared copy-on-write (the data's
-tensors are never written, so they are never copied). Each round, the clients are handed out one
-at a time, the largest first (by expected optimizer steps, `client_costs`), to whichever process
-is free: the parent takes the next one itself between its clients, and a thread of the parent's
-per worker answers that worker's requests through its pipe with a client's payload and store
-entry (the round's context and broadcast statistics go once, with the worker's first client).
-A worker asks for its next client before it trains the one in hand, so it never waits on the
-parent; once fewer clients are left than processes, it asks only when free. Each client's
-results and the store entry it left come back as soon as it is trained. So a process that
-runs slower (a busy or throttled core) takes fewer clients, where fixed shards made the round
-wait for the slowest. Each client trains
-exactly as in the sequential executor (`run_client`: seeds from (seed, round, client), the same
-thread count), so the results are the sequential executor's, bit for bit, whoever trains them.
+tensors are never written, so they are never copied), and one counter in shared memory.
+
+A round is one message to each worker and one back, and nothing between: no thread in any
+process, no wake-up while the clients train. The message holds the round's context and
+statistics and its clients, largest first (by expected optimizer steps, `client_costs`), each
+with its payload and store entry (pickled once however many clients share it: FedAvg's global
+model goes once). Each process, the parent included, then claims the next client from the
+shared counter (a lock held for a few instructions) until none is left, so a process that runs
+slower (a busy or throttled core) takes fewer clients, where fixed shards made the round wait
+for the slowest. A worker sends back its clients' results and the store entries they left once
+the counter runs out; the parent reads them after its own clients.
+Where every worker receiving every client would move too much (more than `SHARED_LIMIT` bytes a
+round over all workers: large per-client entries, many workers), each process gets a fixed
+shard instead (`shard`: near-equal expected steps), with only its own clients' payloads.
+Each client trains exactly as in the sequential executor (`run_client`: seeds from (seed, round,
+client), the same thread count), so the results are the sequential executor's, bit for bit,
+whoever trains them.
 
 Only the parent runs the round loop: sampling, aggregation, evaluation, checkpoints, signals,
 loggers and the run-dir lock stay where they are. Workers ignore SIGINT and SIGTERM (the parent
@@ -32,7 +37,6 @@ import multiprocessing
 import os
 import signal
 import sys
-import threading
 import traceback
 import weakref
 from collections.abc import Mapping
@@ -44,16 +48,17 @@ from fedexp.core.client_store import ClientStore
 from fedexp.core.cohort import RoundResults
 from fedexp.core.types import Message, RoundContext
 from fedexp.engine.executors.sequential import SequentialExecutor
-from fedexp.engine.executors.wire import Sender, receive, send
+from fedexp.engine.executors.wire import frame, receive, send, write_frame
 
 log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
-# the answer to a worker that asks for its next client while it trains one, once fewer clients
-# are left than processes: ask again when free (the last clients go one to a process)
-LATER = "later"
-# in place of a client's payload: the same object as the last one sent to that worker this round
-# (FedAvg-like algorithms send every client one payload: the global model goes once a worker)
-SAME = "same payload"
+# the most bytes of payloads and store entries a round may send its workers in all where every
+# worker gets every client (processes claim clients from the shared counter); above it, each
+# process gets a fixed shard (`shard`) and only its own clients' payloads and entries
+SHARED_LIMIT = 64 * 2**20
+# how long a process waits for the shared counter's lock before it takes a worker for dead
+# (held for a few instructions; a worker killed while it held it would hold it for good)
+CLAIM_TIMEOUT_S = 60.0
 
 
 # a client's fixed cost (its module's reset, the payload written in, its result built), in
@@ -106,8 +111,10 @@ class PoolExecutor:
         self.inner = SequentialExecutor()
         self._conns: list = []
         self._procs: list = []
+        self._counter: _Counter | None = None
         self._bound: tuple[int, int] | None = None  # ids of the algorithm and data forked with
         self._finalizer = None
+        self.last_round_shared: bool | None = None  # how the last round went out (tests, logs)
 
     # ---- the workers ---------------------------------------------------------------------------
     def start(self, algorithm: Algorithm, data) -> None:
@@ -122,13 +129,11 @@ class PoolExecutor:
         sys.stdout.flush()  # a forked child must not write the parent's buffered output again
         sys.stderr.flush()
         parent = os.getpid()
+        self._counter = _Counter(context)
         for _ in range(self.workers - 1):
             mine, theirs = context.Pipe()
-            proc = context.Process(
-                target=_serve,
-                args=(theirs, mine, algorithm, data, self.threads, parent),
-                daemon=True,
-            )
+            args = (theirs, mine, algorithm, data, self.threads, parent, self._counter)
+            proc = context.Process(target=_serve, args=args, daemon=True)
             proc.start()
             theirs.close()
             self._conns.append(mine)
@@ -152,33 +157,27 @@ class PoolExecutor:
         data,
         stats: torch.Tensor | None = None,
     ) -> RoundResults:
-        """The round's clients, handed out over the processes; the results in `ctx`'s order."""
+        """The round's clients, claimed by the processes; the results in `ctx`'s order."""
         if self.workers < 2 or len(ctx.client_ids) < 2:
             return self.inner.run(algorithm, payloads, ctx, data, stats)
         if self._bound is None:
             self._start(algorithm, data)
         elif self._bound != (id(algorithm), id(data)):  # another algorithm or data: here
             return self.inner.run(algorithm, payloads, ctx, data, stats)
-        costs = client_costs(algorithm, ctx, data)
-        queue = _Queue(sorted(ctx.client_ids, key=lambda c: (-costs[c], c)))
         store = algorithm.store
-        entries = {cid: store.get(cid) for cid in ctx.client_ids}  # read here, not in threads
-        dispatchers = [
-            _Dispatcher(w, self.workers, conn, queue, ctx, payloads, stats, entries)
-            for w, conn in enumerate(self._conns, start=1)
-        ]
-        for dispatcher in dispatchers:  # each worker has its first client before this one trains
-            dispatcher.started.wait()
+        costs = client_costs(algorithm, ctx, data)
+        order = sorted(ctx.client_ids, key=lambda c: (-costs[c], c))
+        mine = self._send_round(ctx, stats, order, costs, payloads, store)
         parts = []
         try:
-            while (cid := queue.pop()) is not None:
+            for cid in mine:
                 sub = RoundContext(ctx.round, (cid,), ctx.seed, ctx.num_malicious)
                 parts.append(self.inner.run(algorithm, payloads, sub, data, stats))
         except BaseException:
             self.close()  # the workers stop once they have replied; the run stops here
             raise
-        for dispatcher in dispatchers:
-            results, left = self._receive(dispatcher)
+        for w, conn in enumerate(self._conns, start=1):
+            results, left = self._receive(w, conn)
             for cid, entry in left.items():
                 if entry is None:
                     store.delete(cid)
@@ -189,12 +188,33 @@ class PoolExecutor:
         parts.sort(key=lambda part: at[part.client_ids[0]])
         return RoundResults.concat(parts).take(ctx.client_ids)
 
-    def _receive(self, dispatcher: _Dispatcher):
-        w, message = dispatcher.w, dispatcher.wait()
-        if message is None:
+    def _send_round(self, ctx, stats, order, costs, payloads, store):
+        """Each worker's message of the round; the clients this process trains (an iterator:
+        claimed from the shared counter as it goes, or its fixed shard)."""
+        head = (ctx.round, ctx.seed, ctx.num_malicious, stats)
+        every = [(cid, payloads[cid], store.get(cid)) for cid in order]
+        pieces = frame((*head, every, True))
+        if sum(p.nbytes for p in pieces) * len(self._conns) <= SHARED_LIMIT:
+            self.last_round_shared = True
+            self._counter.reset()
+            for conn in self._conns:
+                write_frame(conn, pieces)
+            return (order[i] for i in self._counter.claims(len(order)))
+        self.last_round_shared = False
+        entries = {cid: entry for cid, _, entry in every}
+        del every, pieces
+        shards = [sorted(s, key=lambda c: (-costs[c], c)) for s in shard(costs, self.workers)]
+        for conn, clients in zip(self._conns, shards[1:], strict=True):
+            send(conn, (*head, [(c, payloads[c], entries[c]) for c in clients], False))
+        return iter(shards[0])
+
+    def _receive(self, w: int, conn):
+        try:
+            message = receive(conn)
+        except (EOFError, OSError):
             code = self._procs[w - 1].exitcode
             self.close()
-            raise WorkerFailed(f"executor: worker process {w} died (exit code {code})")
+            raise WorkerFailed(f"executor: worker process {w} died (exit code {code})") from None
         if message[0] == "error":
             self.close()
             log.error("worker process %d:\n%s", w, message[2])
@@ -208,84 +228,31 @@ class PoolExecutor:
         del state
 
 
-class _Queue:
-    """The round's clients not yet handed out, largest first; taken one at a time by this
-    process's loop and by the dispatchers' threads."""
+class _Counter:
+    """The round's next client, an index in shared memory that every process claims from under
+    one lock (`multiprocessing`'s, made before the fork: the workers inherit both)."""
 
-    def __init__(self, order: list[int]):
-        self._order = order
-        self._next = 0
-        self._lock = threading.Lock()
+    def __init__(self, context):
+        self._value = context.RawValue("q", 0)
+        self._lock = context.Lock()
 
-    def left(self) -> int:
+    def reset(self) -> None:
         with self._lock:
-            return len(self._order) - self._next
+            self._value.value = 0
 
-    def pop(self) -> int | None:
-        with self._lock:
-            if self._next == len(self._order):
-                return None
-            self._next += 1
-            return self._order[self._next - 1]
-
-
-class _Dispatcher:
-    """A thread that serves one worker through the round: the round's context with its first
-    client (`started` is set once it is sent: the run's process waits for it before it trains,
-    so the worker starts at once instead of when this thread next gets the interpreter's lock
-    from that training), then a client from the queue at each of the worker's requests (its
-    payload and store entry), then the worker's results."""
-
-    def __init__(
-        self,
-        w: int,
-        processes: int,
-        conn,
-        queue: _Queue,
-        ctx: RoundContext,
-        payloads,
-        stats,
-        entries,
-    ):
-        self.w = w
-        self._processes = processes
-        self._message = None
-        self.started = threading.Event()
-        args = (conn, queue, ctx, payloads, stats, entries)
-        self._thread = threading.Thread(target=self._serve, args=args, daemon=True)
-        self._thread.start()
-
-    def _serve(self, conn, queue, ctx, payloads, stats, entries) -> None:
-        parts, left, last = [], {}, None
-
-        def hand_out():  # the queue's next client, its payload sent once to this worker
-            nonlocal last
-            if (cid := queue.pop()) is None:
-                return None
-            payload, same = payloads[cid], payloads[cid] is last
-            last = payload
-            return cid, SAME if same else payload, entries[cid]
-
-        with contextlib.suppress(EOFError, OSError):  # the worker died: None
+    def claims(self, n: int):
+        """The indices this process claims, one at a time, until all `n` are taken."""
+        while True:
+            if not self._lock.acquire(timeout=CLAIM_TIMEOUT_S):
+                raise WorkerFailed("executor: a worker process holds the round's counter")
             try:
-                send(conn, (ctx.round, ctx.seed, ctx.num_malicious, stats, hand_out()))
+                i = self._value.value
+                self._value.value = i + 1
             finally:
-                self.started.set()
-            while (message := receive(conn))[0] in ("next", "trained"):
-                if message[0] == "trained":  # a client's results, as soon as it is done
-                    _, cid, results, left[cid] = message
-                    parts.append(results)
-                elif message[1] and queue.left() < self._processes:  # the last few: one each
-                    send(conn, LATER)
-                else:
-                    send(conn, hand_out())
-            self._message = ("ok", parts, left) if message[0] == "end" else message
-
-    def wait(self):
-        """("ok", the worker's clients' results, the store entries they left), or ("error",
-        text, traceback); None if the worker died."""
-        self._thread.join()
-        return self._message
+                self._lock.release()
+            if i >= n:
+                return
+            yield i
 
 
 def _stop(conns, procs) -> None:
@@ -313,16 +280,16 @@ def _die_with_parent(parent: int) -> None:
         os._exit(0)
 
 
-def _serve(conn, parent_end, algorithm: Algorithm, data, threads: int, parent: int) -> None:
-    """A worker's loop: a shard in, its results and store entries out, until the parent says
-    stop or goes away."""
+def _serve(conn, parent_end, algorithm: Algorithm, data, threads: int, parent: int, counter):
+    """A worker's loop: a round's clients in, its results and store entries out, until the
+    parent says stop or goes away."""
     parent_end.close()  # only the parent holds its end: when it exits, recv ends here
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles the stop signals
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent(parent)
     torch.set_num_threads(threads)
     algorithm.store = ClientStore()  # this round's entries only, in memory: no shared spill dir
-    executor, sender = SequentialExecutor(), Sender(conn)
+    executor = SequentialExecutor()
     code = 0
     try:
         while True:
@@ -333,12 +300,11 @@ def _serve(conn, parent_end, algorithm: Algorithm, data, threads: int, parent: i
             if task is None:
                 break
             try:
-                _train_handed_out(conn, sender, algorithm, executor, data, task)
+                send(conn, _train_round(algorithm, executor, data, counter, task))
             except (EOFError, OSError):  # the parent went away
                 break
             except Exception as err:  # noqa: BLE001 - the parent raises it and stops the pool
-                sender.put(("error", f"{type(err).__name__}: {err}", traceback.format_exc()))
-                sender.flush()
+                send(conn, ("error", f"{type(err).__name__}: {err}", traceback.format_exc()))
                 break
     except BaseException:  # noqa: BLE001 - a worker never runs the parent's handlers
         code = 1
@@ -346,29 +312,18 @@ def _serve(conn, parent_end, algorithm: Algorithm, data, threads: int, parent: i
         os._exit(code)
 
 
-def _train_handed_out(conn, sender: Sender, algorithm: Algorithm, executor, data, task) -> None:
-    """A worker's round: the clients the parent hands out, one at a time (the next asked for
-    before this one trains, so none waits on the parent's thread), each one's results and the
-    store entry it left sent back as soon as it is trained (by `sender`'s thread, while this
-    one trains the next client)."""
-    round_idx, seed, num_malicious, stats, handed = task  # the round's first client with it
+def _train_round(algorithm: Algorithm, executor, data, counter: _Counter, task) -> tuple:
+    """A worker's round: the clients it claims from the shared counter (or its fixed shard),
+    each trained on the entry it was sent; ("end", their results, the entries they left)."""
+    round_idx, seed, num_malicious, stats, clients, shared = task
     store = algorithm.store = ClientStore()  # this round's entries only, in memory
-    last = None
-    while handed is not None:
-        if handed == LATER:  # asked while busy, with few clients left: ask again now
-            sender.put(("next", False))
-            handed = receive(conn)
-            continue
-        cid, payload, entry = handed
-        payload = last = last if isinstance(payload, str) else payload  # SAME: the last one
-        sender.put(("next", True))
+    claimed = (clients[i] for i in counter.claims(len(clients))) if shared else iter(clients)
+    parts, left = [], {}
+    for cid, payload, entry in claimed:
         if entry is not None:
             store.put(cid, entry)
         ctx = RoundContext(round_idx, (cid,), seed, num_malicious)
-        results = executor.run(algorithm, {cid: payload}, ctx, data, stats)
-        # this thread reads the answer while the sender's writes: neither side's thread ever
-        # waits to send to one that is itself sending (a deadlock once both outgrow the pipe)
-        handed = receive(conn)
-        sender.put(("trained", cid, results, store.get(cid)))
+        parts.append(executor.run(algorithm, {cid: payload}, ctx, data, stats))
+        left[cid] = store.get(cid)
         store.delete(cid)
-    sender.put(("end",))
+    return ("end", parts, left)

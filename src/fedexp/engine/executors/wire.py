@@ -14,9 +14,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
-import queue
 import struct
-import threading
 
 import torch
 
@@ -56,6 +54,11 @@ def frame(message) -> list[memoryview]:
 def send(conn, message) -> None:
     """`message` through the pipe as one frame (`frame`), straight from its tensors' bytes."""
     _write(conn.fileno(), frame(message))
+
+
+def write_frame(conn, pieces: list[memoryview]) -> None:
+    """A frame built once (`frame`) through the pipe: one message to several readers."""
+    _write(conn.fileno(), list(pieces))
 
 
 def receive(conn):
@@ -99,48 +102,6 @@ def _read(fd: int, into: bytearray) -> bytearray:
             raise EOFError("the other side closed the pipe")
         at += got
     return into
-
-
-class Sender:
-    """A process's sends through `conn`, in order, from a thread of its own: `put` frames the
-    message and copies the frame (in the caller's thread: the bytes are what the message held
-    then) and returns.
-    A message larger than the pipe holds (a 0.2 MB upload) waits in a plain send until the
-    other side reads it; a pool worker's reader is a thread of the run's process, which waits
-    for the interpreter's lock behind that process's training: 0.6 ms a client, measured, that
-    the worker now spends training its next client. Reading from `conn` stays the caller's."""
-
-    def __init__(self, conn):
-        self._conn = conn
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._failed: BaseException | None = None
-        self._thread = threading.Thread(target=self._drain, name="sender", daemon=True)
-        self._thread.start()
-
-    def put(self, message) -> None:
-        if self._failed is not None:  # the pipe broke: the caller's loop ends as with a send
-            raise self._failed
-        self._queue.put(b"".join(frame(message)))
-
-    def flush(self) -> None:
-        """Wait until every message put so far is in the pipe."""
-        done = threading.Event()
-        self._queue.put(done)
-        done.wait()
-        if self._failed is not None:
-            raise self._failed
-
-    def _drain(self) -> None:
-        while True:
-            item = self._queue.get()
-            if isinstance(item, threading.Event):
-                item.set()
-                continue
-            if self._failed is None:
-                try:
-                    _write(self._conn.fileno(), [memoryview(item)])
-                except (OSError, EOFError) as err:  # the other side went away
-                    self._failed = err
 
 
 class _Pickler(pickle.Pickler):
