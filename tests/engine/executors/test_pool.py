@@ -213,6 +213,26 @@ def test_a_round_is_one_message_to_each_worker_with_a_shared_payload_pickled_onc
     assert all(model_bytes < size < 1.2 * model_bytes for size in frames)  # 12 clients, 1 model
 
 
+def test_a_round_goes_whole_to_every_worker_unless_that_moves_far_more_than_shards():
+    from fedexp.engine.executors.pool import SHARED_LIMIT, broadcast
+
+    mb = 2**20
+    asked = []
+
+    def fixed(total):  # what fixed shards would move, noted when asked
+        return lambda: asked.append(total) or total
+
+    assert broadcast(1 * mb, 15, fixed(0)) and asked == []  # 15 MB in all: under the limit
+    assert broadcast(SHARED_LIMIT // 2, 2, fixed(0)) and asked == []  # the limit itself
+    # a 44 MB model the cohort shares (FedAvg, ResNet-18), 15 workers: shards move it 15 times too
+    assert broadcast(44 * mb, 15, fixed(15 * 44 * mb)) and asked == [15 * 44 * mb]
+    # and 20 clients' own 44 MB entries (Ditto): 924 MB to each of 15 workers (13.9 GB) against
+    # the model to each and each entry once (1.5 GB): shards
+    assert not broadcast(21 * 44 * mb, 15, fixed((15 + 20) * 44 * mb))
+    assert broadcast(4 * mb, 30, fixed(60 * mb))  # 120 MB, twice the shards' 60 MB: still whole
+    assert not broadcast(4 * mb, 31, fixed(60 * mb))
+
+
 def slow_worker(monkeypatch, seconds: float) -> list[int]:
     """Each worker sleeps `seconds` before each client (patched before the fork, so the
     workers inherit it); the returned list gets how many clients each worker's round sent."""
@@ -263,7 +283,8 @@ def test_above_the_shared_limit_each_process_trains_a_fixed_shard_with_the_same_
     seq_state, seq_metrics, seq_store = final_state(
         compose_cfg(*base, "executor=sequential"), tmp_path / "s"
     )
-    monkeypatch.setattr(pool, "SHARED_LIMIT", 0)  # every round over it: fixed shards
+    monkeypatch.setattr(pool, "SHARED_LIMIT", 0)  # every round over both: fixed shards
+    monkeypatch.setattr(pool, "SHARED_OVER_FIXED", 0.0)
     counts = slow_worker(monkeypatch, 0.1)  # a shard is kept however slow its process
     exp = Experiment(compose_cfg(*base, *POOL), tmp_path / "pool")
     orch = exp.orchestrator()

@@ -15,9 +15,10 @@ shared counter (a lock held for a few instructions) until none is left, so a pro
 slower (a busy or throttled core) takes fewer clients, where fixed shards made the round wait
 for the slowest. A worker sends back its clients' results and the store entries they left once
 the counter runs out; the parent reads them after its own clients.
-Where every worker receiving every client would move too much (more than `SHARED_LIMIT` bytes a
-round over all workers: large per-client entries, many workers), each process gets a fixed
-shard instead (`shard`: near-equal expected steps), with only its own clients' payloads.
+Where every worker receiving every client would move too much (`broadcast`: more than
+`SHARED_LIMIT` bytes a round over all workers, and more than `SHARED_OVER_FIXED` times what fixed
+shards move: large per-client entries, many workers), each process gets a fixed shard instead
+(`shard`: near-equal expected steps), with only its own clients' payloads and entries.
 Each client trains exactly as in the sequential executor (`run_client`: seeds from (seed, round,
 client), the same thread count), so the results are the sequential executor's, bit for bit,
 whoever trains them.
@@ -52,10 +53,12 @@ from fedexp.engine.executors.wire import frame, receive, send, write_frame
 
 log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
-# the most bytes of payloads and store entries a round may send its workers in all where every
-# worker gets every client (processes claim clients from the shared counter); above it, each
-# process gets a fixed shard (`shard`) and only its own clients' payloads and entries
+# every worker gets every client's payload and store entry (the processes claim clients from the
+# shared counter) where that moves at most SHARED_LIMIT bytes a round over all workers, or at
+# most SHARED_OVER_FIXED times what fixed shards would (a payload the cohort shares goes to each
+# worker either way); otherwise each process gets a fixed shard (`shard`) and only its clients
 SHARED_LIMIT = 64 * 2**20
+SHARED_OVER_FIXED = 2.0
 # how long a process waits for the shared counter's lock before it takes a worker for dead
 # (held for a few instructions; a worker killed while it held it would hold it for good)
 CLAIM_TIMEOUT_S = 60.0
@@ -80,6 +83,14 @@ def client_costs(algorithm: Algorithm, ctx: RoundContext, data) -> dict[int, int
         steps = epochs * client.steps_per_epoch(n)
         costs[cid] = (steps if cap is None else min(steps, cap)) + CLIENT_OVERHEAD_STEPS
     return costs
+
+
+def broadcast(message_bytes: int, workers: int, fixed_bytes) -> bool:
+    """Whether a round goes to every worker whole (`message_bytes` each, to `workers` workers)
+    rather than in fixed shards (`fixed_bytes()`: what they would send in all, computed only
+    when the whole round is over `SHARED_LIMIT`)."""
+    total = message_bytes * workers
+    return total <= SHARED_LIMIT or total <= SHARED_OVER_FIXED * fixed_bytes()
 
 
 def shard(sizes: Mapping[int, int], num_shards: int) -> list[list[int]]:
@@ -192,20 +203,24 @@ class PoolExecutor:
         """Each worker's message of the round; the clients this process trains (an iterator:
         claimed from the shared counter as it goes, or its fixed shard)."""
         head = (ctx.round, ctx.seed, ctx.num_malicious, stats)
-        every = [(cid, payloads[cid], store.get(cid)) for cid in order]
-        pieces = frame((*head, every, True))
-        if sum(p.nbytes for p in pieces) * len(self._conns) <= SHARED_LIMIT:
-            self.last_round_shared = True
+        entries = {cid: store.get(cid) for cid in order}
+        every = frame((*head, [(c, payloads[c], entries[c]) for c in order], True))
+        shards = [sorted(s, key=lambda c: (-costs[c], c)) for s in shard(costs, self.workers)]
+        fixed = []
+
+        def fixed_bytes() -> int:  # each worker's shard framed (kept: sent if they win)
+            for clients in shards[1:]:
+                fixed.append(frame((*head, [(c, payloads[c], entries[c]) for c in clients], False)))
+            return sum(_nbytes(pieces) for pieces in fixed)
+
+        self.last_round_shared = broadcast(_nbytes(every), len(self._conns), fixed_bytes)
+        if self.last_round_shared:
             self._counter.reset()
             for conn in self._conns:
-                write_frame(conn, pieces)
+                write_frame(conn, every)
             return (order[i] for i in self._counter.claims(len(order)))
-        self.last_round_shared = False
-        entries = {cid: entry for cid, _, entry in every}
-        del every, pieces
-        shards = [sorted(s, key=lambda c: (-costs[c], c)) for s in shard(costs, self.workers)]
-        for conn, clients in zip(self._conns, shards[1:], strict=True):
-            send(conn, (*head, [(c, payloads[c], entries[c]) for c in clients], False))
+        for conn, pieces in zip(self._conns, fixed, strict=True):
+            write_frame(conn, pieces)
         return iter(shards[0])
 
     def _receive(self, w: int, conn):
@@ -253,6 +268,10 @@ class _Counter:
             if i >= n:
                 return
             yield i
+
+
+def _nbytes(pieces) -> int:
+    return sum(piece.nbytes for piece in pieces)
 
 
 def _stop(conns, procs) -> None:
