@@ -299,6 +299,43 @@ def test_above_the_shared_limit_each_process_trains_a_fixed_shard_with_the_same_
     assert counts == [6, 6]  # near-equal expected steps: half the clients each, both rounds
 
 
+def failing_worker(monkeypatch, fail) -> None:
+    """Each worker calls `fail()` in place of training its first client (patched before the
+    fork, so the workers inherit it); the run's process trains as usual."""
+    from fedexp.engine.executors import pool
+
+    parent, train = os.getpid(), pool.SequentialExecutor.run
+
+    def run(self, *args, **kwargs):
+        if os.getpid() != parent:
+            fail()
+        return train(self, *args, **kwargs)
+
+    monkeypatch.setattr(pool.SequentialExecutor, "run", run)
+
+
+def boom():
+    raise RuntimeError("boom")
+
+
+@pytest.mark.experiment
+@pytest.mark.parametrize(
+    ("fail", "said"),
+    [(boom, "worker process 1 failed: RuntimeError: boom"), (lambda: os._exit(3), "died")],
+)
+def test_a_worker_that_raises_or_dies_mid_round_stops_the_run_with_one_error(
+    compose_cfg, tmp_path, monkeypatch, fail, said
+):
+    from fedexp.engine.executors.pool import WorkerFailed
+
+    failing_worker(monkeypatch, fail)
+    exp = Experiment(compose_cfg(*SHORT, "num_clients=12", "clients_per_round=12", *POOL), tmp_path)
+    pool = exp.executor.inner
+    with deadline(120), pytest.raises(WorkerFailed, match=said):  # not a hang
+        exp.orchestrator().run()
+    assert pool._procs == [] and pool._bound is None  # the pool was closed: workers stopped
+
+
 @contextlib.contextmanager
 def deadline(seconds: int):
     def expire(signum, frame):
