@@ -109,7 +109,7 @@ def shard(sizes: Mapping[int, int], num_shards: int) -> list[list[int]]:
 
 
 class WorkerFailed(RuntimeError):
-    """A worker process raised, or died, while it trained its shard."""
+    """A worker process raised, or died, during a round (or held the shared counter too long)."""
 
 
 class PoolExecutor:
