@@ -246,15 +246,14 @@ def slow_worker(monkeypatch, seconds: float) -> list[int]:
             time.sleep(seconds)
         return train(self, *args, **kwargs)
 
-    def receive(conn):
-        message = real_receive(conn)
-        if os.getpid() == parent and isinstance(message, tuple) and message[0] == "end":
-            counts.append(len(message[1]))
-        return message
+    def receive(self, w, conn):  # the run's process, a worker's round's results
+        results, left = real_receive(self, w, conn)
+        counts.append(len(results))
+        return results, left
 
-    real_receive = pool.receive
+    real_receive = pool.PoolExecutor._receive
     monkeypatch.setattr(pool.SequentialExecutor, "run", run)
-    monkeypatch.setattr(pool, "receive", receive)
+    monkeypatch.setattr(pool.PoolExecutor, "_receive", receive)
     return counts
 
 
@@ -297,6 +296,33 @@ def test_above_the_shared_limit_each_process_trains_a_fixed_shard_with_the_same_
     assert same(orch.state.params, seq_state.params)
     assert same(exp.store.state_dict(), seq_store)  # the entries went out and came back
     assert counts == [6, 6]  # near-equal expected steps: half the clients each, both rounds
+
+
+@pytest.mark.experiment
+@pytest.mark.parametrize("space", [64 * 2**20, 1024])
+def test_a_workers_results_come_back_through_shared_memory_or_the_pipe_the_same(
+    compose_cfg, tmp_path, monkeypatch, space
+):
+    from fedexp.engine.executors import pool
+
+    base = (*SHORT, "algorithm=scaffold", "num_clients=12", "clients_per_round=12")
+    seq_state, seq_metrics, seq_store = final_state(
+        compose_cfg(*base, "executor=sequential"), tmp_path / "s"
+    )
+    ways = []
+
+    def receive(conn):  # the run's process: "in space", or the results themselves
+        message = real_receive(conn)
+        ways.append(message[0])
+        return message
+
+    real_receive = pool.receive
+    monkeypatch.setattr(pool, "RESULT_SPACE", space)  # 1 kB: no round's results fit
+    monkeypatch.setattr(pool, "receive", receive)
+    pool_state, pool_metrics, pool_store = final_state(compose_cfg(*base, *POOL), tmp_path / "p")
+    assert pool_metrics == seq_metrics and same(pool_state.params, seq_state.params)
+    assert same(pool_store, seq_store)  # the control variates the clients left came back
+    assert ways == (["in space"] * 2 if space > 1024 else ["end"] * 2)
 
 
 def failing_worker(monkeypatch, fail) -> None:

@@ -81,3 +81,21 @@ def test_one_frame_written_to_two_pipes_reads_back_whole_in_each_with_a_shared_t
         assert [cid for cid, _ in back] == [0, 1, 2]
         assert all(torch.equal(t, shared) for _, t in back)
         assert back[0][1] is back[2][1]  # one tensor again, as sent
+
+
+def test_a_message_left_in_shared_memory_reads_back_and_owns_its_bytes():
+    import mmap
+
+    from fedexp.engine.executors.wire import put_in_space, take_from_space
+
+    space = mmap.mmap(-1, 64 * 1024)
+    message = ("end", [torch.arange(1000.0), torch.ones(3, dtype=torch.int64)], {"k": None})
+    size = put_in_space(space, message)
+    assert size is not None and 4000 < size < 5000  # the frame's body, nothing more
+    back = take_from_space(space, size)
+    space[: len(space)] = bytes(len(space))  # the next round writes over it
+    assert back[0] == "end" and back[2] == {"k": None}
+    assert torch.equal(back[1][0], torch.arange(1000.0)) and back[1][1].tolist() == [1, 1, 1]
+    assert put_in_space(space, torch.zeros(20_000)) is None  # 80 kB does not fit: not written
+    assert space[:8] == bytes(8)
+    space.close()

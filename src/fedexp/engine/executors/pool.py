@@ -14,7 +14,9 @@ model goes once). Each process, the parent included, then claims the next client
 shared counter (a lock held for a few instructions) until none is left, so a process that runs
 slower (a busy or throttled core) takes fewer clients, where fixed shards made the round wait
 for the slowest. A worker sends back its clients' results and the store entries they left once
-the counter runs out; the parent reads them after its own clients.
+the counter runs out, into shared memory of its own (a map made before the fork, through
+the pipe only where they do not fit: a socket's buffer holds a tenth of a 20-client round's
+uploads, so the two processes would take turns); the parent reads them after its own clients.
 Where every worker receiving every client would move too much (`broadcast`: more than
 `SHARED_LIMIT` bytes a round over all workers, and more than `SHARED_OVER_FIXED` times what fixed
 shards move: large per-client entries, many workers), each process gets a fixed shard instead
@@ -34,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import mmap
 import multiprocessing
 import os
 import signal
@@ -49,7 +52,14 @@ from fedexp.core.client_store import ClientStore
 from fedexp.core.cohort import RoundResults
 from fedexp.core.types import Message, RoundContext
 from fedexp.engine.executors.sequential import SequentialExecutor
-from fedexp.engine.executors.wire import frame, receive, send, write_frame
+from fedexp.engine.executors.wire import (
+    frame,
+    put_in_space,
+    receive,
+    send,
+    take_from_space,
+    write_frame,
+)
 
 log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
@@ -62,6 +72,9 @@ SHARED_OVER_FIXED = 2.0
 # how long a process waits for the shared counter's lock before it takes a worker for dead
 # (held for a few instructions; a worker killed while it held it would hold it for good)
 CLAIM_TIMEOUT_S = 60.0
+# shared memory a worker writes its round's results into (its pages are taken only as written);
+# larger results go through the pipe, whose small buffer makes both processes take turns
+RESULT_SPACE = 64 * 2**20
 
 
 # a client's fixed cost (its module's reset, the payload written in, its result built), in
@@ -122,6 +135,7 @@ class PoolExecutor:
         self.inner = SequentialExecutor()
         self._conns: list = []
         self._procs: list = []
+        self._spaces: list[mmap.mmap] = []  # where each worker leaves its round's results
         self._counter: _Counter | None = None
         self._bound: tuple[int, int] | None = None  # ids of the algorithm and data forked with
         self._finalizer = None
@@ -143,21 +157,24 @@ class PoolExecutor:
         self._counter = _Counter(context)
         for _ in range(self.workers - 1):
             mine, theirs = context.Pipe()
-            args = (theirs, mine, algorithm, data, self.threads, parent, self._counter)
+            space = mmap.mmap(-1, RESULT_SPACE)  # shared and anonymous: the fork keeps it
+            args = (theirs, mine, algorithm, data, self.threads, parent, self._counter, space)
             proc = context.Process(target=_serve, args=args, daemon=True)
             proc.start()
             theirs.close()
             self._conns.append(mine)
             self._procs.append(proc)
+            self._spaces.append(space)
         self._bound = (id(algorithm), id(data))
-        self._finalizer = weakref.finalize(self, _stop, self._conns, self._procs)
+        self._finalizer = weakref.finalize(self, _stop, self._conns, self._procs, self._spaces)
         log.info("executor: %d worker processes started", len(self._procs))
 
     def close(self) -> None:
         """Stop the workers (a later round starts them again)."""
         if self._finalizer is not None:
             self._finalizer()
-        self._conns, self._procs, self._bound, self._finalizer = [], [], None, None
+        self._conns, self._procs, self._spaces = [], [], []
+        self._bound, self._finalizer = None, None
 
     # ---- a round -------------------------------------------------------------------------------
     def run(
@@ -230,6 +247,8 @@ class PoolExecutor:
             code = self._procs[w - 1].exitcode
             self.close()
             raise WorkerFailed(f"executor: worker process {w} died (exit code {code})") from None
+        if message[0] == "in space":  # the results are in the worker's shared memory
+            message = take_from_space(self._spaces[w - 1], message[1])
         if message[0] == "error":
             self.close()
             log.error("worker process %d:\n%s", w, message[2])
@@ -274,7 +293,7 @@ def _nbytes(pieces) -> int:
     return sum(piece.nbytes for piece in pieces)
 
 
-def _stop(conns, procs) -> None:
+def _stop(conns, procs, spaces) -> None:
     """Tell each worker to stop, without waiting on a pipe it does not read (a worker stuck in
     a send, its pipe full); a worker still there 5 s later is killed."""
     for conn in conns:
@@ -288,6 +307,8 @@ def _stop(conns, procs) -> None:
         if proc.is_alive():
             proc.kill()
             proc.join(timeout=5)
+    for space in spaces:
+        space.close()
 
 
 def _die_with_parent(parent: int) -> None:
@@ -299,7 +320,7 @@ def _die_with_parent(parent: int) -> None:
         os._exit(0)
 
 
-def _serve(conn, parent_end, algorithm: Algorithm, data, threads: int, parent: int, counter):
+def _serve(conn, parent_end, algorithm: Algorithm, data, threads: int, parent: int, counter, space):
     """A worker's loop: a round's clients in, its results and store entries out, until the
     parent says stop or goes away."""
     parent_end.close()  # only the parent holds its end: when it exits, recv ends here
@@ -319,7 +340,9 @@ def _serve(conn, parent_end, algorithm: Algorithm, data, threads: int, parent: i
             if task is None:
                 break
             try:
-                send(conn, _train_round(algorithm, executor, data, counter, task))
+                results = _train_round(algorithm, executor, data, counter, task)
+                size = put_in_space(space, results)
+                send(conn, results if size is None else ("in space", size))
             except (EOFError, OSError):  # the parent went away
                 break
             except Exception as err:  # noqa: BLE001 - the parent raises it and stops the pool

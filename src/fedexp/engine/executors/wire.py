@@ -66,7 +66,11 @@ def receive(conn):
     frame was read into. EOFError once the other side has gone."""
     fd = conn.fileno()
     (size,) = _U64.unpack(_read(fd, bytearray(_U64.size)))
-    data = _read(fd, bytearray(size))
+    return unframe(_read(fd, bytearray(size)))
+
+
+def unframe(data: bytearray):
+    """A frame's body (all but its length) unpickled; its tensors are views of `data`."""
     view = memoryview(data)
     count, head = _U64.unpack_from(data, 0)[0], _U64.unpack_from(data, 8)[0]
     sizes = struct.unpack_from(f"<{count}Q", data, 16)
@@ -78,6 +82,29 @@ def receive(conn):
         buffers.append(view[at : at + n])
         at += n
     return pickle.loads(pickled, buffers=buffers)
+
+
+def put_in_space(space, message) -> int | None:
+    """`message`'s frame body written into `space` (a shared memory map) from its start: its
+    length in bytes, or None where it does not fit (nothing written)."""
+    body = [p.cast("B") if p.format != "B" or p.ndim != 1 else p for p in frame(message)[1:]]
+    size = sum(p.nbytes for p in body)
+    if size > len(space):
+        return None
+    at = 0
+    for piece in body:
+        space[at : at + piece.nbytes] = piece
+        at += piece.nbytes
+    return size
+
+
+def take_from_space(space, size: int):
+    """The message `put_in_space` left in `space` (`size` bytes), copied out once and unpickled:
+    its tensors own their bytes, whatever is written there next."""
+    data = bytearray(size)
+    with memoryview(space) as view:
+        data[:] = view[:size]
+    return unframe(data)
 
 
 def _write(fd: int, pieces: list[memoryview]) -> None:
