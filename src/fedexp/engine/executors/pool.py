@@ -15,8 +15,9 @@ shared counter (a lock held for a few instructions) until none is left, so a pro
 slower (a busy or throttled core) takes fewer clients, where fixed shards made the round wait
 for the slowest. A worker sends back its clients' results and the store entries they left once
 the counter runs out, into shared memory of its own (a map made before the fork, through
-the pipe only where they do not fit: a socket's buffer holds a tenth of a 20-client round's
-uploads, so the two processes would take turns); the parent reads them after its own clients.
+the pipe only where they do not fit: a socket's buffer holds about a tenth of a worker's share
+of a 20-client round's uploads, so the two processes would take turns); the parent reads them
+after its own clients.
 Where every worker receiving every client would move too much (`broadcast`: more than
 `SHARED_LIMIT` bytes a round over all workers, and more than `SHARED_OVER_FIXED` times what fixed
 shards move: large per-client entries, many workers), each process gets a fixed shard instead
@@ -139,7 +140,7 @@ class PoolExecutor:
         self._counter: _Counter | None = None
         self._bound: tuple[int, int] | None = None  # ids of the algorithm and data forked with
         self._finalizer = None
-        self.last_round_shared: bool | None = None  # how the last round went out (tests, logs)
+        self.last_round_shared: bool | None = None  # whole to every worker, or fixed shards
 
     # ---- the workers ---------------------------------------------------------------------------
     def start(self, algorithm: Algorithm, data) -> None:
@@ -174,7 +175,7 @@ class PoolExecutor:
         if self._finalizer is not None:
             self._finalizer()
         self._conns, self._procs, self._spaces = [], [], []
-        self._bound, self._finalizer = None, None
+        self._counter, self._bound, self._finalizer = None, None, None
 
     # ---- a round -------------------------------------------------------------------------------
     def run(
@@ -222,10 +223,12 @@ class PoolExecutor:
         head = (ctx.round, ctx.seed, ctx.num_malicious, stats)
         entries = {cid: store.get(cid) for cid in order}
         every = frame((*head, [(c, payloads[c], entries[c]) for c in order], True))
-        shards = [sorted(s, key=lambda c: (-costs[c], c)) for s in shard(costs, self.workers)]
-        fixed = []
+        shards, fixed = [], []
 
         def fixed_bytes() -> int:  # each worker's shard framed (kept: sent if they win)
+            shards.extend(
+                sorted(s, key=lambda c: (-costs[c], c)) for s in shard(costs, self.workers)
+            )
             for clients in shards[1:]:
                 fixed.append(frame((*head, [(c, payloads[c], entries[c]) for c in clients], False)))
             return sum(_nbytes(pieces) for pieces in fixed)

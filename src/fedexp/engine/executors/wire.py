@@ -87,7 +87,7 @@ def unframe(data: bytearray):
 def put_in_space(space, message) -> int | None:
     """`message`'s frame body written into `space` (a shared memory map) from its start: its
     length in bytes, or None where it does not fit (nothing written)."""
-    body = [p.cast("B") if p.format != "B" or p.ndim != 1 else p for p in frame(message)[1:]]
+    body = _byte_views(frame(message)[1:])
     size = sum(p.nbytes for p in body)
     if size > len(space):
         return None
@@ -107,8 +107,13 @@ def take_from_space(space, size: int):
     return unframe(data)
 
 
+def _byte_views(pieces: list[memoryview]) -> list[memoryview]:
+    """The non-empty pieces as flat views of bytes."""
+    return [p.cast("B") if p.format != "B" or p.ndim != 1 else p for p in pieces if p.nbytes]
+
+
 def _write(fd: int, pieces: list[memoryview]) -> None:
-    pieces = [p.cast("B") if p.format != "B" or p.ndim != 1 else p for p in pieces if p.nbytes]
+    pieces = _byte_views(pieces)
     first = 0
     while first < len(pieces):
         written = os.writev(fd, pieces[first : first + IOV_MAX])
